@@ -1,0 +1,81 @@
+"""Configuration of one LLM engine: small frozen dataclasses, one per component.
+
+Each component receives only its own config. Validation raises ValueError (never assert).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Dtype = Literal["float32", "bfloat16"]
+Implementation = Literal["auto", "native", "generic"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    model: str
+    """A local HF folder (config.json + safetensors), a .gguf file, or
+    `package:<python package>/<file inside it>` (resolved by runner.loader)."""
+    dtype: Dtype = "float32"
+    max_model_len: int | None = None
+    """Context length; None takes the model's own (capped at 8192 on CPU)."""
+    implementation: Implementation = "auto"
+    """native = our paged Llama-family forward; generic = any AutoModelForCausalLM (slower);
+    auto = native when the architecture is supported."""
+    num_threads: int | None = None
+    """torch intra-op threads in the worker; None keeps torch's default (all cores)."""
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must not be empty")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise ValueError("max_model_len must be >= 16")
+        if self.implementation not in ("auto", "native", "generic"):
+            raise ValueError(
+                f"implementation must be auto, native or generic: {self.implementation!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV block."""
+    kv_cache_bytes: int = 512 * 1024**2
+    """Memory for the KV cache; the runner turns it into a number of blocks for the model."""
+    num_blocks: int | None = None
+    """Overrides kv_cache_bytes (tests use tiny values to force preemption)."""
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a positive power of two")
+        if self.kv_cache_bytes <= 0:
+            raise ValueError("kv_cache_bytes must be positive")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 2048
+    """Token budget per step (decodes count one each; prefill chunks fill the rest)."""
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,123 @@
+"""Wire messages between the API process and the engine worker process.
+
+Everything that crosses the process boundary is a msgspec struct defined here; nothing travels
+as a bare tuple or dict. The API process sends `EngineCommand`s (a tagged union) and receives
+`EngineOutputs`, one per engine step that produced something.
+
+The engine knows nothing about text: prompts arrive as token ids, outputs leave as token ids.
+Detokenization and stop strings happen in the API process.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from modelyard.engine.sampling_params import SamplingParams
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request ended. Values are the OpenAI `finish_reason` strings where one exists."""
+
+    STOP = "stop"  # EOS, a stop token id, or (API side) a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # the client went away, a timeout, or an explicit abort
+    ERROR = "error"  # the engine failed this request (the message says why)
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """Log-probabilities for one generated position (raw model distribution, log_softmax of the
+    logits before temperature and penalties, as vLLM reports by default)."""
+
+    token_id: int  # the sampled token
+    logprob: float  # its log-probability
+    top_token_ids: list[int]  # the k most likely tokens, most likely first (k = params.logprobs)
+    top_logprobs: list[float]  # their log-probabilities, aligned with top_token_ids
+
+
+# ---------------------------------------------------------------- API process -> worker
+
+
+class EngineRequest(msgspec.Struct, tag="add", kw_only=True):
+    """Add one request (one completion: the API process fans n > 1 out)."""
+
+    request_id: str  # unique among live requests; the API process owns the namespace
+    prompt_token_ids: list[int]  # already tokenized (chat template applied) and length-checked
+    sampling_params: SamplingParams  # with n == 1
+    priority: int = 0  # higher runs first; under KV pressure the lowest priority is preempted
+    arrival_time: float = 0.0  # time.time() when the API process accepted the request
+
+
+class AbortRequests(msgspec.Struct, tag="abort"):
+    """Stop these requests; the scheduler frees their KV blocks at the next step."""
+
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    """Finish nothing more, free everything, exit the worker process with status 0."""
+
+
+EngineCommand = EngineRequest | AbortRequests | Shutdown
+
+
+# ---------------------------------------------------------------- worker -> API process
+
+
+class EngineOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What happened to one request in one step."""
+
+    request_id: str
+    new_token_ids: list[int]  # tokens generated this step (usually one)
+    new_logprobs: list[TokenLogprobs] | None = None  # aligned with new_token_ids when asked
+    finish_reason: FinishReason | None = None  # set on the request's last output
+    stop_reason: int | None = None  # the stop token id that ended it, if one did
+    error: str | None = None  # with FinishReason.ERROR: a message for the client
+    num_prompt_tokens: int = 0  # set on every output (cheap); used for usage accounting
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first schedule)
+    first_scheduled_time: float | None = None  # time.time() when the request first ran; on
+    # the first output only, so the API side can report queue time
+
+
+class SchedulerStats(msgspec.Struct, kw_only=True):
+    """A snapshot of the scheduler and KV cache, sent with every EngineOutputs."""
+
+    num_running: int = 0  # requests holding KV blocks and being stepped
+    num_waiting: int = 0  # requests queued (new or preempted)
+    num_blocks: int = 0  # total KV blocks
+    num_free_blocks: int = 0  # blocks with ref count 0 (cached-but-free ones count as free)
+    kv_cache_usage: float = 0.0  # 1 - free/total
+    prefix_cache_queries: int = 0  # cumulative prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # cumulative prompt tokens found there
+    num_preemptions: int = 0  # cumulative
+
+
+class EngineOutputs(msgspec.Struct, tag="outputs", kw_only=True):
+    """One message per step that produced outputs (or periodically, as a heartbeat)."""
+
+    outputs: list[EngineOutput]
+    stats: SchedulerStats
+    timestamp: float  # time.time() in the worker when the message was sent
+
+
+class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
+    """Sent once by the worker after the model loaded and the KV cache was allocated."""
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    tokenizer_path: str  # a folder the API process can load the tokenizer from
+    model_path: str  # the resolved weights (after any GGUF conversion)
+    dtype: str
+    implementation: str  # "native" or "generic"
+    rss_bytes: int  # the worker's resident memory after load
+
+
+class EngineFailed(msgspec.Struct, tag="failed", kw_only=True):
+    """Sent by the worker when it cannot start (bad weights, out of memory)."""
+
+    error: str
+
+
+WorkerMessage = EngineOutputs | EngineReady | EngineFailed

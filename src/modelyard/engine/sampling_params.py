@@ -1,0 +1,91 @@
+"""Per-request sampling parameters.
+
+`SamplingParams` travels from the API process to the engine worker inside `EngineRequest`
+(a msgspec struct, so it is part of the wire format). `validate()` raises `ValueError` naming
+the offending field; the HTTP layer turns that into a 400.
+
+Stop strings (`stop`) are applied in the API process by the detokenizer, never in the engine:
+the engine knows only token ids.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+#: Largest number of top alternatives a request may ask for (`logprobs`).
+MAX_LOGPROBS = 20
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How to pick the next token and when to stop. Defaults follow vLLM."""
+
+    n: int = 1
+    """Number of completions for the prompt. The API process fans `n > 1` out into `n` engine
+    requests that share the prompt's KV blocks through the prefix cache."""
+    temperature: float = 1.0
+    """0 means greedy (argmax); otherwise logits are divided by it before softmax."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability sums to top_p."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 or -1 disables."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely token's."""
+    repetition_penalty: float = 1.0
+    """>1 discourages tokens already in the prompt or the output (CTRL-style, divides positive
+    logits, multiplies negative ones)."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every token already in the output (OpenAI semantics)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per occurrence in the output (OpenAI semantics)."""
+    seed: int | None = None
+    """Per-request random seed: the same seed gives the same tokens whatever the batch mates."""
+    max_tokens: int | None = 16
+    """Most tokens to generate; None means up to the model's context length."""
+    min_tokens: int = 0
+    """EOS and stop token ids are masked until this many tokens were generated."""
+    ignore_eos: bool = False
+    """Keep generating past EOS (benchmarks)."""
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    """Extra token ids that end the generation (the token is kept in the output ids)."""
+    stop: list[str] = msgspec.field(default_factory=list)
+    """Stop strings, applied by the API process's detokenizer; excluded from the text unless
+    include_stop_str_in_output."""
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    """None: no logprobs. k >= 0: the sampled token's logprob plus the k most likely tokens'."""
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> SamplingParams:
+        """Raise ValueError naming the first invalid field; return self for chaining."""
+        _check(self.n >= 1, "n", "must be >= 1")
+        _check(0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        _check(self.top_k >= -1, "top_k", "must be -1, 0 (disabled) or positive")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        _check(self.min_tokens >= 0, "min_tokens", "must be >= 0")
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            "must be <= max_tokens",
+        )
+        _check(
+            self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+            "logprobs",
+            f"must be in [0, {MAX_LOGPROBS}]",
+        )
+        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0")
+        _check(all(s != "" for s in self.stop), "stop", "must not contain empty strings")
+        return self
+
+
+def _check(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{field} {message}")

@@ -1,0 +1,94 @@
+"""What the scheduler hands the model runner each step, and what it gets back.
+
+These are in-process objects (scheduler and runner live in the same worker process), so they
+may hold references to the scheduler's lists instead of copies. They are plain dataclasses,
+not wire messages.
+
+A step is one batch that mixes prefill chunks and decodes: there is no separate prefill phase.
+For a request, the runner computes the KV of `token_ids` at positions
+`[start_position, start_position + len(token_ids))`, writes it into the slots given by
+`block_table`, and, when `sample` is true, samples one new token from the logits of the last
+position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from modelyard.engine.messages import TokenLogprobs
+from modelyard.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step."""
+
+    request_id: str
+    token_ids: Sequence[int]
+    """Tokens to run this step: a prefill chunk, or the one latest token of a decode."""
+    start_position: int
+    """Position of token_ids[0] == number of tokens whose KV is already in the cache (computed
+    earlier or served by the prefix cache)."""
+    block_table: Sequence[int]
+    """Physical KV block ids for positions [0, start_position + len(token_ids)), in order.
+    Slot of position p: block_table[p // block_size] * block_size + p % block_size."""
+    sample: bool
+    """True when this chunk reaches the end of the request's known tokens, so a new token is
+    sampled; False for a non-final prefill chunk."""
+    sampling_params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    """The prompt, for repetition penalties (a reference, not a copy)."""
+    output_token_ids: Sequence[int]
+    """Tokens generated so far, for penalties and min_tokens (a reference, not a copy)."""
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The batch for one step."""
+
+    scheduled: list[ScheduledRequest]
+    """Requests that run this step, decodes first, then prefill chunks."""
+    num_batched_tokens: int
+    """Sum of len(token_ids) over scheduled; <= max_num_batched_tokens."""
+    finished_request_ids: set[str] = field(default_factory=set)
+    """Requests that left since the previous step (finished, aborted or preempted): the runner
+    drops any per-request state it keeps for them (e.g. seeded generators are kept across
+    preemption: only finished/aborted ids appear here)."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """What the runner produced for one SchedulerOutput."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    """request id -> the token sampled this step; only for ScheduledRequest.sample == True."""
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    """request id -> logprobs of the sampled position, for requests with params.logprobs set."""
+
+
+class StepRunner(Protocol):
+    """What the engine core needs from a model runner (runner.model_runner.ModelRunner is the
+    real one; scheduler tests use hand-written fakes)."""
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """KV blocks the runner allocated (from CacheConfig.kv_cache_bytes or num_blocks)."""
+        ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Token ids that end a generation unless ignore_eos."""
+        ...
+
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        """Run one step on the model; sample for the requests with sample=True."""
+        ...
