@@ -1,0 +1,10 @@
+"""Suite-wide settings: no hub access, quiet tokenizers. Area fixtures live in each area's
+conftest.py."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
