@@ -47,7 +47,7 @@ SYSTEMS = ("hf_sequential", "hf_static", "textbook", "modelyard")
 def resolve_folder(source: str) -> str:
     from modelyard.runner.loader import resolve_model
 
-    return str(resolve_model(source).folder)
+    return str(resolve_model(source).path)
 
 
 # ----------------------------------------------------------------------------- transformers
