@@ -1,0 +1,172 @@
+"""The engine worker process: builds the model runner and the engine core, then serves.
+
+`run_engine_worker` is the process entry (a top-level function, safe for the `spawn` start
+method). It connects to the API process's IPC sockets, loads the model, sends `EngineReady`
+(or `EngineFailed` and exits 1), then runs `serve`:
+
+    drain every pending command (non-blocking)
+    -> if there is work: core.step(), send EngineOutputs(outputs, stats)
+    -> else: block on the command socket for a short while; send an empty EngineOutputs as a
+       heartbeat every HEARTBEAT_INTERVAL_S so the client can tell the worker is alive.
+
+`Shutdown` ends the loop with exit status 0. An exception in a step fails every live request
+with a FinishReason.ERROR output and the worker keeps serving; an exception while doing that
+(or anything else unexpected) propagates and the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Protocol
+
+import psutil
+
+from modelyard.engine.config import EngineConfig
+from modelyard.engine.messages import (
+    AbortRequests,
+    EngineCommand,
+    EngineFailed,
+    EngineOutput,
+    EngineOutputs,
+    EngineReady,
+    EngineRequest,
+    FinishReason,
+    SchedulerStats,
+    Shutdown,
+    WorkerMessage,
+)
+from modelyard.transport.base import Codec, SyncConnection
+from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between heartbeats while idle (the client declares the worker dead after a timeout).
+HEARTBEAT_INTERVAL_S = 0.5
+#: Longest block on the command socket while idle.
+IDLE_POLL_S = 0.05
+
+COMMAND_CODEC: Codec[EngineCommand] = Codec(EngineCommand)
+WORKER_MESSAGE_CODEC: Codec[WorkerMessage] = Codec(WorkerMessage)
+
+WorkerConnection = SyncConnection[WorkerMessage, EngineCommand]
+
+
+class Core(Protocol):
+    """What the loop needs from engine.core.EngineCore (tests pass fakes)."""
+
+    def add_request(self, request: EngineRequest) -> None: ...
+
+    def abort_requests(self, request_ids: list[str]) -> None: ...
+
+    def step(self) -> list[EngineOutput]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def stats(self) -> SchedulerStats: ...
+
+
+def run_engine_worker(config: EngineConfig, addresses: IpcAddresses) -> None:
+    """Process entry: load, announce readiness, serve until Shutdown; exit status says how."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    conn: SyncZmqConnection[WorkerMessage, EngineCommand] = SyncZmqConnection(
+        addresses, WORKER_MESSAGE_CODEC, COMMAND_CODEC
+    )
+    try:
+        core, ready = _build(config)
+    except Exception as exc:
+        logger.exception("engine worker failed to start")
+        conn.send(EngineFailed(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        time.sleep(0.2)  # let the message leave before the sockets close
+        conn.close()
+        sys.exit(1)
+    conn.send(ready)
+    try:
+        code = serve(core, conn, parent_pid=os.getppid())
+    finally:
+        conn.close()
+    sys.exit(code)
+
+
+def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
+    from modelyard.engine.core import EngineCore
+    from modelyard.runner.model_runner import ModelRunner
+
+    runner = ModelRunner(config.model, config.cache)
+    core = EngineCore(config, runner)
+    ready = EngineReady(
+        num_blocks=runner.num_kv_blocks,
+        block_size=config.cache.block_size,
+        max_model_len=runner.max_model_len,
+        tokenizer_path=str(runner.tokenizer_path),
+        model_path=str(runner.model_path),
+        dtype=config.model.dtype,
+        implementation=str(getattr(runner, "implementation", config.model.implementation)),
+        rss_bytes=psutil.Process().memory_info().rss,
+    )
+    return core, ready
+
+
+def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) -> int:
+    """The busy loop; returns the exit status (0 after Shutdown, 1 when the parent is gone)."""
+    live: set[str] = set()  # requests added and not finished: the ones a failed step fails
+    last_sent = 0.0
+    while True:
+        busy = core.has_unfinished_requests()
+        command = conn.recv(0 if busy else IDLE_POLL_S)
+        while command is not None:
+            if isinstance(command, Shutdown):
+                return 0
+            _apply(core, command, live, conn)
+            command = conn.recv(0)
+        outputs = _step(core, live) if core.has_unfinished_requests() else []
+        now = time.time()
+        if outputs or now - last_sent >= HEARTBEAT_INTERVAL_S:
+            conn.send(EngineOutputs(outputs=outputs, stats=core.stats(), timestamp=now))
+            last_sent = now
+            if parent_pid is not None and os.getppid() != parent_pid:
+                return 1  # orphaned: the API process died without a Shutdown
+
+
+def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConnection) -> None:
+    if isinstance(command, EngineRequest):
+        try:
+            core.add_request(command)
+        except Exception as exc:  # a bad request fails alone
+            logger.exception("add_request %s failed", command.request_id)
+            failed = _error_output(command.request_id, exc)
+            conn.send(EngineOutputs(outputs=[failed], stats=core.stats(), timestamp=time.time()))
+            return
+        live.add(command.request_id)
+    elif isinstance(command, AbortRequests):
+        core.abort_requests(command.request_ids)
+        live.difference_update(command.request_ids)
+
+
+def _step(core: Core, live: set[str]) -> list[EngineOutput]:
+    """core.step(); on an exception, abort and fail every live request (the step's batch is not
+    known from outside the core, so all of them are affected)."""
+    try:
+        outputs = core.step()
+    except Exception as exc:
+        logger.exception("engine step failed; failing %d live requests", len(live))
+        failed = sorted(live)
+        core.abort_requests(failed)
+        live.clear()
+        return [_error_output(request_id, exc) for request_id in failed]
+    for output in outputs:
+        if output.finish_reason is not None:
+            live.discard(output.request_id)
+    return outputs
+
+
+def _error_output(request_id: str, exc: BaseException) -> EngineOutput:
+    return EngineOutput(
+        request_id=request_id,
+        new_token_ids=[],
+        finish_reason=FinishReason.ERROR,
+        error=f"engine error: {type(exc).__name__}: {exc}",
+    )

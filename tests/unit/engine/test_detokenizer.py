@@ -1,0 +1,95 @@
+import pytest
+from tiny_tokenizer import build_tokenizer
+
+from modelyard.engine.detokenizer import IncrementalDetokenizer
+from modelyard.engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.unit
+
+TEXTS = [
+    "Hello world, the quick brown fox.",
+    "Café crème 日本語 🙂👍🏽 naïve — ok",
+    " leading space and  double  spaces\nnew line",
+]
+
+
+def stream(
+    params: SamplingParams, ids: list[int], prompt: list[int] | None = None, chunk: int = 1
+) -> tuple[list[str], str | None]:
+    detok = IncrementalDetokenizer(build_tokenizer(), prompt or [], params)
+    deltas: list[str] = []
+    stop = None
+    for i in range(0, len(ids), chunk):
+        finished = i + chunk >= len(ids)
+        out = detok.update(ids[i : i + chunk], finished=finished)
+        deltas.append(out.text)
+        if out.stop_string is not None:
+            stop = out.stop_string
+            break
+    return deltas, stop
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_concatenated_deltas_equal_full_decode(text: str, chunk: int) -> None:
+    tok = build_tokenizer()
+    ids = tok.encode(text)
+    prompt = tok.encode("The capital of France is")
+    deltas, stop = stream(SamplingParams(), ids, prompt, chunk)
+    assert stop is None
+    assert "".join(deltas) == tok.decode(ids) == text
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_multibyte_character_split_over_tokens_waits_for_all_bytes() -> None:
+    tok = build_tokenizer()
+    ids = tok.encode("🙂")
+    assert len(ids) > 1  # rare emoji: several byte tokens in this small vocab
+    deltas, _ = stream(SamplingParams(), ids)
+    assert deltas[:-1] == [""] * (len(ids) - 1)
+    assert deltas[-1] == "🙂"
+
+
+def test_special_tokens_skipped_or_kept() -> None:
+    tok = build_tokenizer()
+    ids = [*tok.encode("Hello"), tok.convert_tokens_to_ids("<|im_end|>"), *tok.encode(" world")]
+    skipped, _ = stream(SamplingParams(), ids)
+    kept, _ = stream(SamplingParams(skip_special_tokens=False), ids)
+    assert "".join(skipped) == tok.decode(ids, skip_special_tokens=True) == "Hello world"
+    assert "".join(kept) == tok.decode(ids, skip_special_tokens=False)
+    assert "<|im_end|>" in "".join(kept)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_split_across_tokens_is_trimmed_and_never_leaks(include: bool) -> None:
+    tok = build_tokenizer()
+    text = "Once upon a time there was END OF STORY and more text"
+    ids = tok.encode(text)
+    params = SamplingParams(stop=["END OF STORY", "never"], include_stop_str_in_output=include)
+    deltas, stop = stream(params, ids)
+    assert stop == "END OF STORY"
+    expected = "Once upon a time there was " + ("END OF STORY" if include else "")
+    assert "".join(deltas) == expected
+    # no delta before the last ever contained the start of the stop string
+    assert "E" not in "".join(deltas[:-1])
+
+
+def test_earliest_stop_string_wins_and_partial_match_is_released_at_finish() -> None:
+    tok = build_tokenizer()
+    ids = tok.encode("abc STOP xyz stop")
+    deltas, stop = stream(SamplingParams(stop=["stop", "STOP"]), ids)
+    assert stop == "STOP"
+    assert "".join(deltas) == "abc "
+    # a prefix of a stop string at the very end is released when the engine finishes
+    ids = tok.encode("the end ST")
+    deltas, stop = stream(SamplingParams(stop=["STOP"]), ids)
+    assert stop is None
+    assert "".join(deltas) == "the end ST"
+
+
+def test_hold_back_is_longest_stop_minus_one() -> None:
+    tok = build_tokenizer()
+    detok = IncrementalDetokenizer(tok, [], SamplingParams(stop=["xyzw"]))
+    out = detok.update(tok.encode("Hello world"), finished=False)
+    assert out.text == "Hello wo"
+    assert detok.update([], finished=True).text == "rld"
