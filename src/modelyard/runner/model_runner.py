@@ -1,0 +1,170 @@
+"""The model runner: one SchedulerOutput in, one RunnerOutput out (the StepRunner protocol).
+
+The implementation (native paged Llama forward or generic transformers model) is chosen in
+one place, `choose_implementation`. Each `execute`:
+1. drops per-request state of finished requests (seeded generators, generic caches);
+2. native: flattens every scheduled token into one batch and builds the step's attention
+   metadata once (slot mapping, block tables, masks); generic: runs request by request;
+3. computes logits only for the last token of each request with sample=True;
+4. samples them (runner.sampler) and returns token ids (+ logprobs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Literal
+
+import torch
+
+from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from modelyard.runner.attention import AttentionMetadata
+from modelyard.runner.loader import ResolvedModel, resolve_model
+from modelyard.runner.models.hf_generic import GenericModel
+from modelyard.runner.models.llama import LlamaModel, native_supports
+from modelyard.runner.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+CPU_MAX_MODEL_LEN = 8192
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+ImplementationName = Literal["native", "generic"]
+
+
+def choose_implementation(resolved: ResolvedModel, requested: str) -> ImplementationName:
+    """The one place that picks native vs generic (ValueError if native is impossible)."""
+    supported = native_supports(resolved.architecture, resolved.config)
+    if requested == "native" and not supported:
+        raise ValueError(f"no native implementation for {resolved.architecture}")
+    if requested == "generic" or not supported:
+        return "generic"
+    return "native"
+
+
+class ModelRunner:
+    """Loads a model and its KV cache; runs scheduler steps (implements StepRunner).
+
+    Public attributes: `resolved` (ResolvedModel), `implementation` ("native" | "generic"),
+    `dtype` (torch dtype), `block_size`, `model_path` and `tokenizer_path` (str folders for
+    EngineReady), plus the StepRunner properties num_kv_blocks, max_model_len, eos_token_ids.
+    """
+
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+        if model_config.num_threads is not None:
+            torch.set_num_threads(model_config.num_threads)
+        self.resolved = resolve_model(model_config.model)
+        config = self.resolved.config
+        self.implementation: ImplementationName = choose_implementation(
+            self.resolved, model_config.implementation
+        )
+        self.dtype = _DTYPES[model_config.dtype]
+        self.block_size = cache_config.block_size
+        self.model_path = str(self.resolved.path)
+        self.tokenizer_path = str(self.resolved.tokenizer_path)
+        self._max_model_len = _max_model_len(config, model_config.max_model_len)
+        self._eos_token_ids = _eos_token_ids(self.resolved)
+        per_block = LlamaModel.kv_bytes_per_block(config, self.dtype, self.block_size)
+        self._num_blocks = cache_config.num_blocks or cache_config.kv_cache_bytes // per_block
+        if self._num_blocks < 1:
+            raise ValueError("kv_cache_bytes is smaller than one KV block")
+        self._native: LlamaModel | None = None
+        self._generic: GenericModel | None = None
+        with torch.inference_mode():
+            if self.implementation == "native":
+                self._native = LlamaModel(
+                    self.resolved.path,
+                    config,
+                    dtype=self.dtype,
+                    num_blocks=self._num_blocks,
+                    block_size=self.block_size,
+                    max_model_len=self._max_model_len,
+                )
+            else:
+                self._generic = GenericModel(
+                    self.resolved.path, self.resolved.architecture, self.dtype
+                )
+        self.sampler = Sampler(self._eos_token_ids)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self._eos_token_ids)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        """Run one step; sample for the requests with sample=True."""
+        self.sampler.forget(scheduler_output.finished_request_ids)
+        if self._generic is not None:
+            self._generic.forget(scheduler_output.finished_request_ids)
+        scheduled = scheduler_output.scheduled
+        if not scheduled:
+            return RunnerOutput()
+        with torch.inference_mode():
+            logits = self._logits(scheduled)  # (S, V)
+            sampled = [r for r in scheduled if r.sample]
+            if not sampled:
+                return RunnerOutput()
+            tokens, logprobs = self.sampler.sample(logits, sampled)
+        out = RunnerOutput()
+        for req, token, lp in zip(sampled, tokens, logprobs, strict=True):
+            out.sampled_token_ids[req.request_id] = token
+            if lp is not None:
+                out.logprobs[req.request_id] = lp
+        return out
+
+    def _logits(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
+        if self._generic is not None:
+            return self._generic.forward(scheduled)
+        if self._native is None:  # pragma: no cover - constructor sets one of them
+            raise RuntimeError("no model loaded")
+        lengths = [len(r.token_ids) for r in scheduled]
+        meta = AttentionMetadata.build(
+            [r.start_position for r in scheduled],
+            lengths,
+            [r.block_table for r in scheduled],
+            self.block_size,
+            self._native.sliding_window,
+        )
+        input_ids = torch.tensor(
+            [t for r in scheduled for t in r.token_ids], dtype=torch.long
+        )  # (T,)
+        ends, row = [], 0
+        for r, n in zip(scheduled, lengths, strict=True):
+            row += n
+            if r.sample:
+                ends.append(row - 1)
+        sample_rows = torch.tensor(ends, dtype=torch.long)  # (S,)
+        return self._native.forward(input_ids, meta, sample_rows)
+
+
+def _max_model_len(config: object, requested: int | None) -> int:
+    own = getattr(config, "max_position_embeddings", None) or CPU_MAX_MODEL_LEN
+    if requested is not None:
+        if requested > own:
+            raise ValueError(f"max_model_len {requested} exceeds the model's {own}")
+        return requested
+    return int(min(own, CPU_MAX_MODEL_LEN))
+
+
+def _eos_token_ids(resolved: ResolvedModel) -> list[int]:
+    """EOS ids from generation_config.json when present, else from config.json."""
+    from transformers import GenerationConfig
+
+    eos: object = None
+    with contextlib.suppress(OSError):
+        eos = GenerationConfig.from_pretrained(resolved.path).eos_token_id
+    if eos is None:
+        eos = getattr(resolved.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    if isinstance(eos, int):
+        return [eos]
+    return [int(e) for e in eos]  # type: ignore[attr-defined]

@@ -1,0 +1,218 @@
+"""Native Llama-family forward over a paged KV cache (Llama, SmolLM2, Qwen2, Mistral).
+
+All new tokens of a step are flattened into one (T, hidden) tensor, so each weight is one
+matmul per step for the whole batch; only attention looks at requests (runner.attention).
+q/k/v are fused into one weight and gate/up into another at load time. The lm_head runs only on
+the rows that are sampled. Weights come straight from the HF safetensors files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from modelyard.runner.attention import AttentionMetadata, paged_attention
+
+NATIVE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
+_STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def native_supports(architecture: str, config: Any) -> bool:
+    """True when LlamaModel can run this architecture/config exactly."""
+    if architecture not in NATIVE_ARCHITECTURES:
+        return False
+    if getattr(config, "mlp_bias", False) or getattr(config, "hidden_act", "silu") != "silu":
+        return False
+    return _rope_type(config) in _STATIC_ROPE_TYPES
+
+
+def _rope_type(config: Any) -> str:
+    params = getattr(config, "rope_parameters", None) or {}
+    return str(params.get("rope_type", "default"))
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer; shapes with H = hidden, nh/nkv heads, hd head dim, I = intermediate."""
+
+    input_norm: torch.Tensor  # (H,)
+    qkv: torch.Tensor  # ((nh + 2 * nkv) * hd, H)
+    qkv_bias: torch.Tensor | None  # ((nh + 2 * nkv) * hd,) — Qwen2, Llama attention_bias
+    o: torch.Tensor  # (H, nh * hd)
+    o_bias: torch.Tensor | None  # (H,) — Llama attention_bias
+    post_norm: torch.Tensor  # (H,)
+    gate_up: torch.Tensor  # (2 * I, H)
+    down: torch.Tensor  # (H, I)
+
+
+class LlamaModel:
+    """Weights, rotary tables and KV cache of one Llama-family model; `forward` runs a step."""
+
+    def __init__(
+        self,
+        path: Path,
+        config: Any,
+        *,
+        dtype: torch.dtype,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.num_heads: int = config.num_attention_heads
+        self.num_kv_heads: int = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim: int = getattr(config, "head_dim", None) or (
+            config.hidden_size // self.num_heads
+        )
+        self.eps: float = config.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        self.block_size = block_size
+        self.sliding_window: int | None = _sliding_window(config)
+        state = _load_state(path)
+        self.embed = state["model.embed_tokens.weight"].to(dtype)  # (V, H)
+        self.norm = state["model.norm.weight"].to(dtype)  # (H,)
+        head = state.get("lm_head.weight")
+        tied = getattr(config, "tie_word_embeddings", False) or head is None
+        self.lm_head = self.embed if tied or head is None else head.to(dtype)  # (V, H)
+        self.layers = [
+            _layer(state, f"model.layers.{i}.", dtype) for i in range(config.num_hidden_layers)
+        ]
+        del state
+        self.cos, self.sin = _rotary_tables(config, self.head_dim, dtype, max_model_len)  # (P, hd)
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+        self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+
+    @staticmethod
+    def kv_bytes_per_block(config: Any, dtype: torch.dtype, block_size: int) -> int:
+        """Bytes of K+V for one block across all layers."""
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        elem = torch.empty((), dtype=dtype).element_size()
+        return int(2 * config.num_hidden_layers * block_size * kv_heads * head_dim * elem)
+
+    def forward(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, sample_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """input_ids (T,) flat new tokens -> logits (S, V) for the rows in sample_rows (S,)."""
+        x = self.embed.index_select(0, input_ids)  # (T, H)
+        cos = self.cos.index_select(0, meta.positions).unsqueeze(1)  # (T, 1, hd)
+        sin = self.sin.index_select(0, meta.positions).unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            x = self._layer(x, layer, i, cos, sin, meta)
+        x = _rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # (S, H)
+        return F.linear(x, self.lm_head)  # (S, V)
+
+    def _layer(
+        self,
+        x: torch.Tensor,
+        w: LayerWeights,
+        index: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(_rms_norm(x, w.input_norm, self.eps), w.qkv, w.qkv_bias)
+        q, k, v = torch.split(
+            qkv, [nh * hd, nkv * hd, nkv * hd], dim=-1
+        )  # (T, nh*hd), (T, nkv*hd) x2
+        q = _rope(q.view(t, nh, hd), cos, sin)  # (T, nh, hd)
+        k = _rope(k.view(t, nkv, hd), cos, sin)  # (T, nkv, hd)
+        attn = paged_attention(
+            q, k, v.view(t, nkv, hd), self.k_cache[index], self.v_cache[index], meta, self.scale
+        )  # (T, nh, hd)
+        x = x + F.linear(attn.view(t, nh * hd), w.o, w.o_bias)
+        gate, up = F.linear(_rms_norm(x, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w.down)  # (T, H)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x (T, heads, hd), cos/sin (T, 1, hd)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _sliding_window(config: Any) -> int | None:
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+def _rotary_tables(
+    config: Any, head_dim: int, dtype: torch.dtype, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (max_len, hd), computed once at load."""
+    rope_type = _rope_type(config)
+    if rope_type == "default":
+        theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        attention_scaling = 1.0
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    positions = torch.arange(max_len, dtype=torch.float)
+    freqs = torch.outer(positions, inv_freq.float())  # (P, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (P, hd)
+    return (emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)
+
+
+def _load_state(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def _layer(state: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> LayerWeights:
+    def get(name: str) -> torch.Tensor:
+        return state[prefix + name].to(dtype)
+
+    def maybe(name: str) -> torch.Tensor | None:
+        t = state.get(prefix + name)
+        return None if t is None else t.to(dtype)
+
+    biases = [maybe(f"self_attn.{p}_proj.bias") for p in ("q", "k", "v")]
+    qkv_bias = None
+    if any(b is not None for b in biases):
+        sizes = [state[f"{prefix}self_attn.{p}_proj.weight"].shape[0] for p in ("q", "k", "v")]
+        qkv_bias = torch.cat(
+            [
+                b if b is not None else torch.zeros(n, dtype=dtype)
+                for b, n in zip(biases, sizes, strict=True)
+            ]
+        )
+    return LayerWeights(
+        input_norm=get("input_layernorm.weight"),
+        qkv=torch.cat([get(f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")]).contiguous(),
+        qkv_bias=qkv_bias,
+        o=get("self_attn.o_proj.weight"),
+        o_bias=maybe("self_attn.o_proj.bias"),
+        post_norm=get("post_attention_layernorm.weight"),
+        gate_up=torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]).contiguous(),
+        down=get("mlp.down_proj.weight"),
+    )

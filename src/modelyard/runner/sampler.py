@@ -1,0 +1,190 @@
+"""Per-request sampling over one batch of logits.
+
+`Sampler.sample(logits, requests)` turns the logits of the sampled positions (one row per
+request with sample=True) into one token per row. Steps, in order (vLLM Sampler style):
+
+1. Raw log-probabilities: log_softmax of the unmodified logits, for rows that asked for
+   logprobs (the sampled token's logprob and the top-k alternatives are read from these).
+2. Fast path: when every row is greedy with no penalties, no active min_tokens and no
+   logprobs, return the argmax of the raw logits.
+3. min_tokens: while a row's output is shorter than min_tokens, its EOS and stop_token_ids
+   get -inf.
+4. Penalties: repetition penalty over prompt+output tokens (positive logits divided, negative
+   multiplied), then frequency (per occurrence) and presence (once) penalties over output
+   tokens, subtracted.
+5. Greedy rows (temperature 0): argmax of the penalized logits.
+6. Other rows: divide by temperature; top_k; top_p (nucleus); min_p (relative to the most likely
+   token); softmax; draw one token. Rows with a seed draw individually from their own
+   torch.Generator (created at first sight, kept across steps and preemption, dropped by
+   `forget`), so a seed gives the same tokens whatever the batch mates; unseeded rows draw
+   together from torch's global generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from modelyard.engine.messages import TokenLogprobs
+from modelyard.engine.sampling_params import SamplingParams
+from modelyard.engine.scheduler_output import ScheduledRequest
+
+
+class Sampler:
+    """Samples one token per row; keeps the per-request seeded generators."""
+
+    def __init__(self, eos_token_ids: Sequence[int]) -> None:
+        self._eos_token_ids = list(eos_token_ids)  # masked while output < min_tokens
+        self._generators: dict[str, torch.Generator] = {}  # request id -> seeded generator
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Drop the state of finished or aborted requests."""
+        for rid in request_ids:
+            self._generators.pop(rid, None)
+
+    def sample(
+        self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """logits: (B, V), row i for requests[i]. Returns (token ids, logprobs or None) per row."""
+        logits = logits.float()
+        params = [r.sampling_params for r in requests]
+        raw_logprobs = _raw_logprobs(logits, params)
+        if all(_is_plain_greedy(r) for r in requests):
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            logits = logits.clone()
+            self._apply_min_tokens(logits, requests)
+            _apply_penalties(logits, requests)
+            tokens = self._choose(logits, requests)
+        return tokens, _collect_logprobs(raw_logprobs, params, tokens)
+
+    def _apply_min_tokens(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> None:
+        for i, req in enumerate(requests):
+            p = req.sampling_params
+            if len(req.output_token_ids) < p.min_tokens:
+                banned = [*self._eos_token_ids, *p.stop_token_ids]
+                logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
+
+    def _choose(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> list[int]:
+        tokens = logits.argmax(dim=-1)  # (B,) — right for greedy rows, overwritten for others
+        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if not rows:
+            return list(tokens.tolist())
+        row_idx = torch.tensor(rows, dtype=torch.long)
+        probs = _probabilities(logits[row_idx], [requests[i].sampling_params for i in rows])
+        unseeded = [j for j, i in enumerate(rows) if requests[i].sampling_params.seed is None]
+        if unseeded:
+            sel = torch.tensor(unseeded, dtype=torch.long)
+            drawn = torch.multinomial(probs[sel], 1).squeeze(1)
+            tokens[row_idx[sel]] = drawn
+        for j, i in enumerate(rows):
+            req = requests[i]
+            if req.sampling_params.seed is None:
+                continue
+            gen = self._generator(req.request_id, req.sampling_params.seed)
+            tokens[i] = torch.multinomial(probs[j], 1, generator=gen)[0]
+        return list(tokens.tolist())
+
+    def _generator(self, request_id: str, seed: int) -> torch.Generator:
+        gen = self._generators.get(request_id)
+        if gen is None:
+            gen = torch.Generator()
+            gen.manual_seed(seed)
+            self._generators[request_id] = gen
+        return gen
+
+
+def _has_penalties(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _is_plain_greedy(req: ScheduledRequest) -> bool:
+    p = req.sampling_params
+    return (
+        p.greedy
+        and not _has_penalties(p)
+        and len(req.output_token_ids) >= p.min_tokens
+        and p.logprobs is None
+    )
+
+
+def _raw_logprobs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor | None:
+    """(B, V) log_softmax of the raw logits, or None when no row asked for logprobs."""
+    if all(p.logprobs is None for p in params):
+        return None
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _collect_logprobs(
+    raw: torch.Tensor | None, params: Sequence[SamplingParams], tokens: Sequence[int]
+) -> list[TokenLogprobs | None]:
+    out: list[TokenLogprobs | None] = []
+    for i, p in enumerate(params):
+        if raw is None or p.logprobs is None:
+            out.append(None)
+            continue
+        row = raw[i]
+        top_vals, top_ids = torch.topk(row, p.logprobs) if p.logprobs else (row[:0], row[:0])
+        out.append(
+            TokenLogprobs(
+                token_id=int(tokens[i]),
+                logprob=float(row[tokens[i]]),
+                top_token_ids=[int(t) for t in top_ids.tolist()],
+                top_logprobs=[float(v) for v in top_vals.tolist()],
+            )
+        )
+    return out
+
+
+def _apply_penalties(logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> None:
+    """In place on (B, V) logits, for the rows that set a penalty."""
+    vocab = logits.shape[1]
+    for i, req in enumerate(requests):
+        p = req.sampling_params
+        if not _has_penalties(p):
+            continue
+        output = torch.tensor(list(req.output_token_ids), dtype=torch.long)
+        output = output[output < vocab]
+        row = logits[i]
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(list(req.prompt_token_ids), dtype=torch.long)
+            seen = torch.unique(torch.cat([seen[seen < vocab], output]))
+            vals = row[seen]
+            row[seen] = torch.where(
+                vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
+            )
+        if output.numel() and (p.frequency_penalty or p.presence_penalty):
+            counts = torch.bincount(output, minlength=vocab).to(row.dtype)  # (V,)
+            row -= counts * p.frequency_penalty + (counts > 0).to(row.dtype) * p.presence_penalty
+
+
+def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """(R, V) penalized logits of the non-greedy rows -> (R, V) filtered probabilities."""
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    logits = logits / temps.unsqueeze(1)
+    top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
+    top_p = [p.top_p for p in params]
+    if any(top_k) or any(tp < 1.0 for tp in top_p):
+        logits = _top_k_top_p(logits, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
+    if bool((min_p > 0).any()):
+        threshold = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)  # (R, 1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask (R, V) logits outside each row's top_k / nucleus top_p with -inf."""
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=False)  # ascending
+    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], dtype=torch.long).clamp(max=vocab)
+    kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))  # (R, 1) smallest kept logit
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    p = torch.tensor(top_p, dtype=logits.dtype)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # ascending
+    drop = cumulative <= (1.0 - p).unsqueeze(1)
+    drop[:, -1] = False  # always keep the most likely token
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
