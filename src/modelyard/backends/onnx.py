@@ -1,0 +1,173 @@
+"""ONNX Runtime backend: generic named tensors, plus two presets (option `preset`):
+
+- `image-classification`: images in, ranked ImageNet labels out (EfficientNet preprocessing).
+  Source `efficientnet-lite0` exports the packaged PyTorch model once with
+  `torch.onnx.export(..., dynamo=False, opset_version=17)` and caches it under
+  ~/.cache/modelyard; any other source is an .onnx file taking (B, 3, 224, 224).
+- `text-embedding`: text in, mean-pooled L2-normalised embeddings out (tokenizer from option
+  `tokenizer`, a folder or `package:` source), e.g. an int8 export of all-MiniLM-L6-v2.
+
+Generic tensors (no preset): each item is `{input name: tensor}`; each output is
+`{output name: tensor}`. Items run one session call each (their shapes may differ).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelyard.backends.base import TEXT_METADATA, Output, ranked, require_text, top_k_option
+from modelyard.backends.image import IMAGE_METADATA, decode_image, imagenet_labels
+from modelyard.backends.tensors import from_numpy, to_numpy
+from modelyard.manager.catalog import ModelSpec, cache_dir, resolve_source
+
+_ORT_TYPES = {
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(float16)": "FP16",
+    "tensor(int64)": "INT64",
+    "tensor(int32)": "INT32",
+    "tensor(int8)": "INT8",
+    "tensor(uint8)": "UINT8",
+    "tensor(bool)": "BOOL",
+    "tensor(string)": "BYTES",
+}
+
+
+def export_efficientnet_lite0(target: Path) -> Path:
+    """Export the packaged EfficientNet-Lite0 to ONNX once (atomic rename into the cache)."""
+    if target.exists():
+        return target
+    import torch
+
+    from modelyard.backends.image import efficientnet_lite0
+
+    model = efficientnet_lite0()
+    fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=target.parent)
+    os.close(fd)
+    torch.onnx.export(
+        model,
+        (torch.zeros(1, 3, 224, 224),),
+        tmp,
+        dynamo=False,
+        opset_version=17,
+        input_names=["image"],
+        output_names=["logits"],
+        dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
+    )
+    os.replace(tmp, target)
+    return target
+
+
+def _shape(dims: Sequence[Any]) -> list[int]:
+    return [d if isinstance(d, int) else -1 for d in dims]
+
+
+class OnnxBackend:
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.preset = str(spec.options.get("preset", ""))
+        if self.preset not in ("", "image-classification", "text-embedding"):
+            raise ValueError(f"{spec.id}: unknown onnx preset {self.preset!r}")
+        self._session: Any = None
+        self._labels: list[str] = []
+        self._tokenizer: Any = None
+
+    def model_path(self) -> Path:
+        if self.spec.source == "efficientnet-lite0":
+            return export_efficientnet_lite0(cache_dir() / "efficientnet-lite0-opset17.onnx")
+        return resolve_source(self.spec.source)
+
+    def load(self) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        threads = self.spec.options.get("intra_op_num_threads")
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        self._session = ort.InferenceSession(
+            str(self.model_path()), options, providers=["CPUExecutionProvider"]
+        )
+        if self.preset == "image-classification":
+            self._labels = imagenet_labels()
+        elif self.preset == "text-embedding":
+            from transformers import AutoTokenizer
+
+            tokenizer_source = str(self.spec.options.get("tokenizer", ""))
+            self._tokenizer = AutoTokenizer.from_pretrained(resolve_source(tokenizer_source))
+
+    def preprocess(self, item: Any, options: dict[str, Any]) -> Any:
+        if self.preset == "image-classification":
+            top_k_option(options)
+            return decode_image(item)
+        if self.preset == "text-embedding":
+            return require_text(item)
+        if not isinstance(item, dict) or not item:
+            raise ValueError("this model takes named tensors")
+        expected = {i.name for i in self._session.get_inputs()}
+        if set(item) != expected:
+            raise ValueError(f"inputs must be exactly {sorted(expected)}, got {sorted(item)}")
+        return {name: to_numpy(tensor) for name, tensor in item.items()}
+
+    def infer(self, items: Sequence[Any], options: dict[str, Any]) -> list[Output]:
+        if self.preset == "image-classification":
+            feed = {self._session.get_inputs()[0].name: np.stack(items)}
+            logits = self._session.run(None, feed)[0]  # (B, 1000)
+            probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
+            top_k = top_k_option(options)
+            return [ranked(row.tolist(), self._labels, top_k) for row in probs]
+        if self.preset == "text-embedding":
+            return self._embed(items)
+        names = [o.name for o in self._session.get_outputs()]
+        results: list[Output] = []
+        for feed in items:
+            arrays = self._session.run(None, feed)
+            results.append(
+                {n: from_numpy(np.asarray(a)) for n, a in zip(names, arrays, strict=True)}
+            )
+        return results
+
+    def _embed(self, texts: Sequence[str]) -> list[Output]:
+        batch = self._tokenizer(
+            list(texts), padding=True, truncation=True, max_length=256, return_tensors="np"
+        )
+        wanted = {i.name for i in self._session.get_inputs()}
+        feed = {k: v.astype(np.int64) for k, v in batch.items() if k in wanted}
+        hidden = self._session.run(None, feed)[0]  # (B, T, H)
+        mask = batch["attention_mask"][..., None].astype(np.float32)  # (B, T, 1)
+        pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)  # (B, H)
+        pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return [row.tolist() for row in pooled.astype(np.float32)]
+
+    def metadata(self) -> dict[str, Any]:
+        if self.preset == "image-classification":
+            return IMAGE_METADATA
+        if self.preset == "text-embedding":
+            return {
+                **TEXT_METADATA,
+                "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}],
+            }
+
+        def describe(args: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": a.name,
+                    "datatype": _ORT_TYPES.get(a.type, a.type),
+                    "shape": _shape(a.shape),
+                }
+                for a in args
+            ]
+
+        return {
+            "inputs": describe(self._session.get_inputs()),
+            "outputs": describe(self._session.get_outputs()),
+        }
+
+    def close(self) -> None:
+        self._session = None

@@ -1,0 +1,167 @@
+"""How the manager starts a model: `ModelLoader.load(spec) -> LoadedModel`.
+
+`ProcessLoader` is the real one: a batcher worker process per non-LLM model
+(worker_process.py), the engine (`AsyncLLM`, itself a worker process) per LLM. Unit tests pass
+an in-process fake loader with the same shape. Memory estimates (used before a model is loaded;
+replaced by the measured RSS after) are computed here too.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from modelyard.engine.protocol import LLMClient
+from modelyard.manager.base import ModelKind, ModelLoadError, Predictor
+from modelyard.manager.catalog import ModelSpec, resolve_source
+from modelyard.manager.worker_process import WorkerProcess
+
+_MIB = 1024 * 1024
+WORKER_OVERHEAD_BYTES = 300 * _MIB  # a Python worker with torch/onnxruntime imported
+_PACKAGED_SIZES = {"efficientnet-lite0": 18 * _MIB}  # package-provided model keys
+
+
+class LoadedModel(Protocol):
+    """A started model as the manager holds it."""
+
+    @property
+    def kind(self) -> ModelKind: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    metadata: dict[str, Any]  # KServe-style tensor metadata ({} for LLMs)
+
+    def memory_bytes(self) -> int | None:
+        """Measured resident memory now; None when it cannot be measured."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class ModelLoader(Protocol):
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        """Start the model; raise (anything) when it cannot load."""
+        ...
+
+
+def _source_bytes(source: str) -> int:
+    if source in _PACKAGED_SIZES:
+        return _PACKAGED_SIZES[source]
+    try:
+        path = resolve_source(source)
+    except (FileNotFoundError, ValueError):
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def estimate_bytes(spec: ModelSpec) -> int:
+    """The catalog override, else a size-based guess: worker overhead + weights (LLM GGUF
+    weights are dequantized to fp32, about 6x a Q4 file, plus the KV cache)."""
+    if spec.memory_estimate_bytes is not None:
+        return spec.memory_estimate_bytes
+    weights = _source_bytes(spec.source)
+    if spec.kind.is_llm:
+        kv = int(spec.options.get("kv_cache_bytes", 512 * _MIB))
+        factor = 6 if spec.source.endswith(".gguf") else 1
+        return WORKER_OVERHEAD_BYTES + weights * factor + kv
+    return WORKER_OVERHEAD_BYTES + int(weights * 1.5)
+
+
+def default_budget_bytes(fraction: float = 0.6) -> int:
+    """fraction of the memory available now."""
+    return int(psutil.virtual_memory().available * fraction)
+
+
+@dataclass
+class LLMModel:
+    """An LLM engine held by the manager (the engine runs its own worker process)."""
+
+    llm: LLMClient
+    metadata: dict[str, Any]
+    kind: ModelKind
+
+    @property
+    def pid(self) -> int | None:
+        pid = getattr(self.llm, "pid", None)
+        return pid if isinstance(pid, int) else None
+
+    @property
+    def is_alive(self) -> bool:
+        return bool(self.llm.is_alive)
+
+    def memory_bytes(self) -> int | None:
+        if self.pid is not None:
+            try:
+                return int(psutil.Process(self.pid).memory_info().rss)
+            except psutil.Error:
+                return None
+        # AsyncLLM exposes no pid yet: fall back to EngineReady.rss_bytes (measured at load).
+        ready = getattr(getattr(self.llm, "_client", None), "ready", None)
+        rss = getattr(ready, "rss_bytes", None)
+        return rss if isinstance(rss, int) else None
+
+    async def stop(self) -> None:
+        await self.llm.shutdown()
+
+
+def engine_config_for(spec: ModelSpec) -> Any:
+    """The engine options of an LLM catalog entry -> EngineConfig."""
+    from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+    opts = spec.options
+    model = ModelConfig(
+        model=spec.source,
+        dtype=opts.get("dtype", "float32"),
+        max_model_len=opts.get("max_model_len"),
+        implementation=opts.get("implementation", "auto"),
+        num_threads=opts.get("num_threads"),
+    )
+    cache = CacheConfig(kv_cache_bytes=int(opts.get("kv_cache_bytes", 512 * _MIB)))
+    scheduler = SchedulerConfig(
+        max_num_seqs=int(opts.get("max_num_seqs", 64)),
+        max_num_batched_tokens=int(opts.get("max_num_batched_tokens", 2048)),
+    )
+    return EngineConfig(model=model, cache=cache, scheduler=scheduler)
+
+
+class ProcessLoader:
+    """The real loader: a worker process per model."""
+
+    def __init__(self, start_method: str = "forkserver", ready_timeout_s: float = 300.0) -> None:
+        self.start_method = start_method
+        self.ready_timeout_s = ready_timeout_s
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        if spec.kind.is_llm:
+            return await self._load_llm(spec)
+        return await WorkerProcess.start(
+            spec, start_method=self.start_method, ready_timeout_s=self.ready_timeout_s
+        )
+
+    async def _load_llm(self, spec: ModelSpec) -> LoadedModel:
+        try:
+            async_llm = importlib.import_module("modelyard.engine.async_llm")
+        except ImportError as exc:
+            raise ModelLoadError(f"{spec.id}: the LLM engine is not available: {exc}") from exc
+        llm = await async_llm.AsyncLLM.start(engine_config_for(spec), model_name=spec.id)
+        return LLMModel(llm=llm, metadata={}, kind=spec.kind)
+
+
+def predictor_of(model: LoadedModel) -> Predictor:
+    if isinstance(model, LLMModel):
+        raise TypeError("an LLM has no predictor; use lease.llm")
+    predictor: Predictor = model  # type: ignore[assignment]
+    return predictor
+
+
+__all__ = ["LLMModel", "LoadedModel", "ModelLoader", "ProcessLoader", "estimate_bytes"]
