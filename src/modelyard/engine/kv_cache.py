@@ -1,0 +1,220 @@
+"""KV cache block manager: block ids, ref counts, a free list and the prefix cache.
+
+The manager owns no tensors: the model runner allocates `num_blocks` blocks of `block_size`
+token slots and writes KV wherever the block table tells it. Here we only decide which block
+ids a request uses.
+
+Prefix caching (vLLM v1 style):
+- Every FULL block whose KV is computed gets a hash of (parent block's hash, its token ids), so
+  a hash names the whole prefix up to the end of that block, prompt or generated tokens alike.
+- A new request looks up the hashes of its leading full blocks; hits are shared (ref count + 1)
+  instead of recomputed. At least the last token is always left to compute, so the runner has
+  logits to sample from.
+- A block whose ref count drops to 0 keeps its hash and joins the free list in LRU order; it is
+  evicted (hash dropped) only when the free list hands it out for a new allocation. Blocks with
+  no hash are handed out before any cached one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from modelyard.engine.request import BlockHash, Request
+
+
+def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """The hash of one full block: a 128-bit digest of the parent's hash and its token ids."""
+    digest = hashlib.blake2b(parent_hash or b"", digest_size=16)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+class KVCacheBlock:
+    """Bookkeeping for one physical KV block."""
+
+    __slots__ = ("block_hash", "block_id", "ref_count")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id  # index into the runner's KV tensors
+        self.ref_count = 0  # requests whose block table holds this block
+        self.block_hash: BlockHash | None = None  # set while the block is in the prefix cache
+
+    def __repr__(self) -> str:
+        cached = "cached" if self.block_hash is not None else "uncached"
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_count}, {cached})"
+
+
+class KVCacheManager:
+    """Hands out fixed-size KV blocks to requests and shares cached prefixes between them.
+
+    A request's block table is `request.block_ids`; the manager appends to it and empties it.
+    All methods are O(blocks touched); nothing here blocks or allocates memory for KV.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        if num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # Block ids with ref count 0; the first is handed out first (uncached ones at the
+        # front, cached ones behind them in the order they were freed: LRU).
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[BlockHash, int] = {}  # hash -> block id holding that prefix
+        self._num_hashed_blocks: dict[str, int] = {}  # request id -> leading blocks done
+        self.prefix_cache_queries = 0  # cumulative tokens looked up at admissions
+        self.prefix_cache_hits = 0  # cumulative tokens served from the cache at admissions
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref count 0, cached or not."""
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by at least one request."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks currently findable in the prefix cache (held or free)."""
+        return len(self._cached)
+
+    def cached_block_id(self, block_hash: BlockHash) -> int | None:
+        """The block holding this prefix, if it is cached."""
+        return self._cached.get(block_hash)
+
+    # ------------------------------------------------------------------ prefix lookup
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Longest cached prefix of the request's tokens: (block ids, number of tokens).
+
+        Pure lookup: takes no reference (pass the blocks to `allocate_slots`). The number of
+        tokens is a multiple of block_size and at most num_tokens - 1.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        self._update_block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits, len(hits) * self.block_size
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[int] = (),
+    ) -> bool:
+        """Make the block table cover positions up to num_computed + cached + num_new_tokens.
+
+        `new_computed_blocks` are prefix-cache hits from `get_computed_blocks`, passed when
+        the request is admitted (it then holds no blocks). Returns False, changing nothing,
+        when the free list is too short.
+        """
+        num_cached_tokens = len(new_computed_blocks) * self.block_size
+        total_tokens = request.num_computed_tokens + num_cached_tokens + num_new_tokens
+        num_blocks_needed = -(-total_tokens // self.block_size)
+        num_new_blocks = max(
+            num_blocks_needed - len(request.block_ids) - len(new_computed_blocks), 0
+        )
+        # Cache hits with ref count 0 sit in the free list: taking them shortens it.
+        num_revived = sum(1 for b in new_computed_blocks if self.blocks[b].ref_count == 0)
+        if num_new_blocks + num_revived > self.num_free_blocks:
+            return False
+
+        if not request.block_ids and request.num_computed_tokens == 0:
+            self._record_admission(request, num_cached_tokens)
+        for block_id in new_computed_blocks:
+            self._take_cached_block(block_id)
+        request.block_ids.extend(new_computed_blocks)
+        if new_computed_blocks:
+            self._num_hashed_blocks[request.request_id] = len(new_computed_blocks)
+        request.block_ids.extend(self._take_free_block() for _ in range(num_new_blocks))
+        return True
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Enter the request's full blocks whose KV is computed into the prefix cache.
+
+        Call after the runner computed KV up to `num_computed_tokens`. When another block
+        already caches the same prefix, it stays the cached one and this block stays private.
+        """
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(num_computed_tokens // self.block_size, len(request.block_ids))
+        start = self._num_hashed_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        self._update_block_hashes(request)
+        for index in range(start, num_full):
+            block_hash = request.block_hashes[index]
+            block = self.blocks[request.block_ids[index]]
+            if block.block_hash is None and block_hash not in self._cached:
+                block.block_hash = block_hash
+                self._cached[block_hash] = block.block_id
+        self._num_hashed_blocks[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references; blocks reaching ref count 0 join the free list.
+
+        The tail of the table is freed first so that, among blocks freed together, a prefix's
+        later blocks are evicted before its earlier (more shareable) ones.
+        """
+        for block_id in reversed(request.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block_id, last=False)
+        request.block_ids = []
+        self._num_hashed_blocks.pop(request.request_id, None)
+
+    # ------------------------------------------------------------------ internals
+
+    def _record_admission(self, request: Request, num_cached_tokens: int) -> None:
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_cached_tokens
+
+    def _take_cached_block(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict: the prefix it held is no longer findable
+            if self._cached.get(block.block_hash) == block_id:
+                del self._cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block_id
+
+    def _update_block_hashes(self, request: Request) -> None:
+        """Extend request.block_hashes to every full block of its current tokens."""
+        size = self.block_size
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        for index in range(len(hashes), len(tokens) // size):
+            parent = hashes[index - 1] if index else None
+            hashes.append(hash_block_tokens(parent, tokens[index * size : (index + 1) * size]))

@@ -1,0 +1,384 @@
+"""The scheduler: which requests run each step, and how many tokens each.
+
+Pure CPU code behind two methods (vLLM v1 / nano-vllm shape):
+
+- `schedule() -> SchedulerOutput` builds one mixed batch (iteration-level continuous batching):
+  1. RUNNING requests continue, best first (priority desc, arrival asc): a decode takes one
+     token, an unfinished prefill takes its next chunk. When the KV cache has no block for one,
+     the worst running request (lowest priority, latest arrival; possibly itself) is preempted
+     by recompute: its blocks are freed, its outputs kept, and it goes back to the front of its
+     priority class in the waiting queue with num_computed_tokens = 0.
+  2. Unless step 1 preempted something, WAITING requests join in (priority desc, arrival asc)
+     order while the token budget (`max_num_batched_tokens`) and `max_num_seqs` allow. Their
+     leading full blocks come from the prefix cache; a prompt longer than the remaining budget
+     is chunked over several steps (`sample=False` until its last chunk). The queue is strict:
+     when its head cannot get blocks, nobody behind it is admitted this step — except that a
+     head with a STRICTLY higher priority than the worst running request preempts that request
+     (repeatedly, worst first) to make room. Equal priorities never preempt each other on
+     admission, so FCFS inside a class cannot thrash.
+- `update(scheduler_output, runner_output) -> list[EngineOutput]` appends the sampled tokens,
+  enters newly computed full blocks into the prefix cache, applies the stop checks and frees
+  the blocks of finished requests at once (their ids go to the runner with the next batch).
+
+Stop checks, in order, on each new token: a stop token id, then EOS unless ignore_eos — both
+only once at least `min_tokens` tokens were generated BEFORE this one (the same rule the
+sampler's mask follows); then max_tokens; then the context length -> LENGTH. As in vLLM, the
+stop token is kept in the output ids; `stop_reason` is set for stop_token_ids only (not EOS).
+
+The context length used here is min(max_model_len, num_blocks * block_size): a request that
+could never fit in the whole KV cache would otherwise wait forever.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from modelyard.engine.config import CacheConfig, SchedulerConfig
+from modelyard.engine.kv_cache import KVCacheManager
+from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats, TokenLogprobs
+from modelyard.engine.request import Request, RequestStatus
+from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+def _rank(request: Request) -> tuple[int, float, int]:
+    """Sort key: best first (higher priority, then earlier arrival)."""
+    return (-request.priority, request.arrival_time, request.arrival_order)
+
+
+@dataclass(order=True)
+class _QueueEntry:
+    key: tuple[int, int, float, int]
+    request: Request = field(compare=False)
+
+
+class WaitingQueue:
+    """Requests waiting for their (first or next) admission, best first.
+
+    Order: priority desc; inside a priority class, preempted requests first (so that work
+    already paid for resumes before new work starts), then arrival asc.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[_QueueEntry] = []
+
+    def push(self, request: Request, *, front_of_class: bool = False) -> None:
+        rank = 0 if front_of_class else 1
+        key = (-request.priority, rank, request.arrival_time, request.arrival_order)
+        bisect.insort(self._entries, _QueueEntry(key, request))
+
+    def peek(self) -> Request:
+        return self._entries[0].request
+
+    def pop(self) -> Request:
+        return self._entries.pop(0).request
+
+    def remove(self, request: Request) -> None:
+        self._entries = [e for e in self._entries if e.request is not request]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e.request for e in self._entries)
+
+
+@dataclass
+class _Batch:
+    """The batch being built by one `schedule()` call."""
+
+    token_budget: int  # tokens still allowed this step
+    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)  # insertion ordered
+    decode_ids: set[str] = field(default_factory=set)  # scheduled ids that are plain decodes
+    preempted_ids: set[str] = field(default_factory=set)  # requests preempted this step
+
+    def add(self, request: Request, num_new_tokens: int) -> None:
+        start = request.num_computed_tokens
+        end = start + num_new_tokens
+        self.scheduled[request.request_id] = ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start:end],
+            start_position=start,
+            block_table=request.block_ids,
+            sample=end == request.num_tokens,
+            sampling_params=request.sampling_params,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+        )
+        self.token_budget -= num_new_tokens
+        if num_new_tokens == 1 and end == request.num_tokens and request.num_output_tokens:
+            self.decode_ids.add(request.request_id)
+
+    def remove(self, request_id: str) -> None:
+        entry = self.scheduled.pop(request_id, None)
+        if entry is not None:
+            self.token_budget += len(entry.token_ids)
+            self.decode_ids.discard(request_id)
+
+
+class Scheduler:
+    """Continuous batching over a paged KV cache with prefix caching and priorities.
+
+    `running` and `waiting` are public for inspection only; change state through the methods.
+    """
+
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        *,
+        num_blocks: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int],
+    ) -> None:
+        self.config = scheduler_config
+        self.kv_cache = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.max_model_len = min(max_model_len, num_blocks * cache_config.block_size)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
+        self.num_preemptions = 0  # cumulative
+        self._finished_ids: set[str] = set()  # to hand to the runner with the next batch
+        self._arrivals = itertools.count()
+
+    # ------------------------------------------------------------------ requests in / out
+
+    def add_request(self, message: EngineRequest) -> None:
+        """Queue a request. ValueError for a duplicate id, an empty prompt, a prompt longer
+        than max_model_len - 1 (no room for one output token) or invalid sampling params."""
+        if message.request_id in self.requests:
+            raise ValueError(f"request id {message.request_id!r} is already live")
+        num_prompt = len(message.prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("prompt must not be empty")
+        if num_prompt > self.max_model_len - 1:
+            raise ValueError(
+                f"prompt has {num_prompt} tokens; at most {self.max_model_len - 1} fit "
+                f"(context length {self.max_model_len})"
+            )
+        message.sampling_params.validate()
+        request = Request.from_engine_request(message)
+        request.arrival_order = next(self._arrivals)
+        self.requests[request.request_id] = request
+        self.waiting.push(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Finish these requests as ABORTED and free their blocks now; unknown ids are ignored
+        (the request may have finished on its own meanwhile). No output is emitted."""
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def stats(self) -> SchedulerStats:
+        kv = self.kv_cache
+        return SchedulerStats(
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_blocks=kv.num_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self) -> SchedulerOutput:
+        """Build the next batch (see the module docstring for the policy)."""
+        batch = _Batch(token_budget=self.config.max_num_batched_tokens)
+        self._schedule_running(batch)
+        if not batch.preempted_ids:
+            self._schedule_waiting(batch)
+        return self._to_output(batch)
+
+    def _schedule_running(self, batch: _Batch) -> None:
+        self.running.sort(key=_rank)
+        index = 0
+        while index < len(self.running) and batch.token_budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
+            if not self._allocate_or_preempt(request, num_new, batch):
+                break  # it preempted itself: it was the last one
+            batch.add(request, num_new)
+            index += 1
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, batch: _Batch) -> bool:
+        """Get blocks for a running request, preempting the worst running ones (never one
+        scheduled earlier in this step: they rank better). False if it preempted itself."""
+        while not self.kv_cache.allocate_slots(request, num_new):
+            victim = self._worst_running()
+            self._preempt(victim, batch)
+            if victim is request:
+                return False
+        return True
+
+    def _schedule_waiting(self, batch: _Batch) -> None:
+        while (
+            self.waiting and batch.token_budget > 0 and len(self.running) < self.config.max_num_seqs
+        ):
+            request = self.waiting.peek()
+            if request.request_id in batch.preempted_ids:
+                break  # just preempted to make room: do not take it straight back
+            cached_blocks, num_cached = self.kv_cache.get_computed_blocks(request)
+            num_new = self._num_prefill_tokens(request.num_tokens - num_cached, batch)
+            if num_new == 0 or not self._allocate_for_admission(
+                request, num_new, cached_blocks, batch
+            ):
+                break
+            self.waiting.pop()
+            self._admit(request, num_cached)
+            batch.add(request, num_new)
+
+    def _num_prefill_tokens(self, num_uncomputed: int, batch: _Batch) -> int:
+        """Tokens of an admitted prefill to run this step; 0 means it must wait."""
+        if num_uncomputed <= batch.token_budget:
+            return num_uncomputed
+        too_long_to_ever_fit = num_uncomputed > self.config.max_num_batched_tokens
+        if self.config.enable_chunked_prefill or too_long_to_ever_fit:
+            return batch.token_budget
+        return 0
+
+    def _allocate_for_admission(
+        self, request: Request, num_new: int, cached_blocks: list[int], batch: _Batch
+    ) -> bool:
+        """Blocks for a waiting request; may preempt running requests of strictly lower
+        priority, worst first (they may already be in this batch: they leave it)."""
+        while not self.kv_cache.allocate_slots(request, num_new, cached_blocks):
+            if not self.running or self._worst_running().priority >= request.priority:
+                return False
+            self._preempt(self._worst_running(), batch)
+        return True
+
+    def _worst_running(self) -> Request:
+        """The next preemption victim: lowest priority, then latest arrival."""
+        return max(self.running, key=_rank)
+
+    def _admit(self, request: Request, num_cached: int) -> None:
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.time()
+            request.num_cached_tokens = num_cached
+        request.num_computed_tokens = num_cached
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)  # ranks after everyone admitted before it this step
+
+    def _preempt(self, request: Request, batch: _Batch) -> None:
+        """Preempt by recompute: free the blocks, keep the outputs, queue it again."""
+        self.running.remove(request)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push(request, front_of_class=True)
+        batch.remove(request.request_id)
+        batch.preempted_ids.add(request.request_id)
+
+    def _to_output(self, batch: _Batch) -> SchedulerOutput:
+        """Decodes first, then prefill chunks; advance num_computed_tokens for all of them."""
+        entries = list(batch.scheduled.values())
+        scheduled = [e for e in entries if e.request_id in batch.decode_ids]
+        scheduled += [e for e in entries if e.request_id not in batch.decode_ids]
+        for entry in scheduled:
+            self.requests[entry.request_id].num_computed_tokens += len(entry.token_ids)
+        finished: set[str] = set()
+        if scheduled:  # an empty batch is not executed: keep the ids for the next one
+            finished, self._finished_ids = self._finished_ids, set()
+        return SchedulerOutput(
+            scheduled=scheduled,
+            num_batched_tokens=sum(len(e.token_ids) for e in scheduled),
+            finished_request_ids=finished,
+        )
+
+    # ------------------------------------------------------------------ update
+
+    def update(
+        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+    ) -> list[EngineOutput]:
+        """Apply one executed step; one EngineOutput per request that got a token.
+
+        RuntimeError (before changing anything) if the runner skipped a request that had
+        sample=True: that is a runner bug, not something to paper over.
+        """
+        sampled = runner_output.sampled_token_ids
+        missing = [
+            s.request_id
+            for s in scheduler_output.scheduled
+            if s.sample and s.request_id in self.requests and s.request_id not in sampled
+        ]
+        if missing:
+            raise RuntimeError(f"runner output has no sampled token for {missing}")
+        outputs: list[EngineOutput] = []
+        for entry in scheduler_output.scheduled:
+            request = self.requests.get(entry.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted (or preempted) since it was scheduled
+            self.kv_cache.cache_blocks(request, request.num_computed_tokens)
+            if entry.sample:
+                logprobs = runner_output.logprobs.get(entry.request_id)
+                outputs.append(self._append_token(request, sampled[entry.request_id], logprobs))
+        return outputs
+
+    def _append_token(
+        self, request: Request, token_id: int, logprobs: TokenLogprobs | None
+    ) -> EngineOutput:
+        request.append_output_token(token_id)
+        status = self._check_stop(request, token_id)
+        if status is not None:
+            self._finish(request, status)
+        want_logprobs = logprobs is not None and request.sampling_params.logprobs is not None
+        return EngineOutput(
+            request_id=request.request_id,
+            new_token_ids=[token_id],
+            new_logprobs=[logprobs] if want_logprobs and logprobs is not None else None,
+            finish_reason=status.finish_reason if status is not None else None,
+            stop_reason=request.stop_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            first_scheduled_time=(
+                request.first_scheduled_time if request.num_output_tokens == 1 else None
+            ),
+        )
+
+    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens - 1 >= params.min_tokens:
+            if token_id in params.stop_token_ids:
+                request.stop_reason = token_id
+                return RequestStatus.FINISHED_STOPPED
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Leave the scheduler now: free the blocks, tell the runner with the next batch."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv_cache.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.add(request.request_id)
