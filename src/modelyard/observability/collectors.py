@@ -1,0 +1,114 @@
+"""Scrape-time collection of engine state.
+
+Engines report a `SchedulerStats` snapshot with every step; nobody should push those into
+Prometheus on the hot path. Instead the manager (or whoever knows the loaded LLMs) registers a
+*source*: a cheap, non-blocking callable returning `{model_id: SchedulerStats}` for the LLMs loaded
+right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
+
+- sets the gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`;
+- turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
+  `prefix_cache_hits`, `num_preemptions`) into increments of the Prometheus counters, by
+  remembering the last value seen per model. A value lower than the last one means the engine
+  restarted: the new value counts in full (what Prometheus' `rate()` assumes after a reset);
+- removes the gauge series of models no longer loaded (counters keep their totals).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from prometheus_client import Counter
+
+from modelyard.engine.messages import SchedulerStats
+from modelyard.observability.metrics import (
+    KV_CACHE_USAGE,
+    NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+)
+
+EngineStatsSource = Callable[[], dict[str, SchedulerStats]]
+
+logger = logging.getLogger(__name__)
+
+_CUMULATIVE: tuple[tuple[str, Counter], ...] = (
+    ("prefix_cache_queries", PREFIX_CACHE_QUERIES),
+    ("prefix_cache_hits", PREFIX_CACHE_HITS),
+    ("num_preemptions", NUM_PREEMPTIONS),
+)
+
+
+class EngineStatsCollector:
+    """Holds the registered sources and the last cumulative values seen per model."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sources: list[EngineStatsSource] = []
+        self._last: dict[str, dict[str, int]] = {}  # model -> counter field -> last value
+        self._gauge_models: set[str] = set()  # models whose gauge series exist
+
+    def register(self, source: EngineStatsSource) -> Callable[[], None]:
+        """Add a source; returns a function that removes it again."""
+        with self._lock:
+            self._sources.append(source)
+
+        def unregister() -> None:
+            with self._lock:
+                if source in self._sources:
+                    self._sources.remove(source)
+
+        return unregister
+
+    def refresh(self) -> None:
+        """Read every source once and update the engine metrics (see the module docstring)."""
+        snapshot: dict[str, SchedulerStats] = {}
+        with self._lock:
+            sources = list(self._sources)
+        for source in sources:
+            try:
+                snapshot.update(source())
+            except Exception:  # a broken source must not break /metrics
+                logger.exception("engine stats source failed")
+        with self._lock:
+            for model, stats in snapshot.items():
+                self._set_gauges(model, stats)
+                self._add_increments(model, stats)
+            for gone in self._gauge_models - snapshot.keys():
+                for gauge in (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE):
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(gone)
+            self._gauge_models = set(snapshot)
+
+    @staticmethod
+    def _set_gauges(model: str, stats: SchedulerStats) -> None:
+        NUM_REQUESTS_RUNNING.labels(model=model).set(stats.num_running)
+        NUM_REQUESTS_WAITING.labels(model=model).set(stats.num_waiting)
+        KV_CACHE_USAGE.labels(model=model).set(stats.kv_cache_usage)
+
+    def _add_increments(self, model: str, stats: SchedulerStats) -> None:
+        last = self._last.setdefault(model, {})
+        for name, counter in _CUMULATIVE:
+            value = int(getattr(stats, name))
+            previous = last.get(name, 0)
+            increment = value - previous if value >= previous else value
+            if increment > 0:
+                counter.labels(model=model).inc(increment)
+            last[name] = value
+
+
+ENGINE_STATS = EngineStatsCollector()
+
+
+def register_engine_stats_source(source: EngineStatsSource) -> Callable[[], None]:
+    """Register `source` with the process-wide collector; returns the unregister function."""
+    return ENGINE_STATS.register(source)
+
+
+def refresh_engine_metrics() -> None:
+    """Update the engine gauges and counters from every registered source (scrape time)."""
+    ENGINE_STATS.refresh()

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+from obs_helpers import sample
+
+from modelyard.engine.messages import SchedulerStats
+from modelyard.observability.collectors import EngineStatsCollector
+
+pytestmark = pytest.mark.unit
+
+
+def test_gauges_set_and_cumulative_counters_turned_into_increments() -> None:
+    model = "collector-test-model"
+    state: dict[str, SchedulerStats] = {}
+    collector = EngineStatsCollector()
+    unregister = collector.register(lambda: dict(state))
+    q0 = sample("modelyard:prefix_cache_queries_total", model=model)
+    h0 = sample("modelyard:prefix_cache_hits_total", model=model)
+    p0 = sample("modelyard:num_preemptions_total", model=model)
+
+    state[model] = SchedulerStats(
+        num_running=3,
+        num_waiting=2,
+        kv_cache_usage=0.25,
+        prefix_cache_queries=100,
+        prefix_cache_hits=40,
+        num_preemptions=1,
+    )
+    collector.refresh()
+    assert sample("modelyard:num_requests_running", model=model) == 3
+    assert sample("modelyard:num_requests_waiting", model=model) == 2
+    assert sample("modelyard:kv_cache_usage_perc", model=model) == 0.25
+    assert sample("modelyard:prefix_cache_queries_total", model=model) - q0 == 100
+
+    collector.refresh()  # same snapshot: no double counting
+    assert sample("modelyard:prefix_cache_queries_total", model=model) - q0 == 100
+
+    state[model] = SchedulerStats(prefix_cache_queries=150, prefix_cache_hits=60, num_preemptions=3)
+    collector.refresh()
+    assert sample("modelyard:prefix_cache_queries_total", model=model) - q0 == 150
+    assert sample("modelyard:prefix_cache_hits_total", model=model) - h0 == 60
+    assert sample("modelyard:num_preemptions_total", model=model) - p0 == 3
+
+    # engine restarted: counters start again from 0; the new value counts in full
+    state[model] = SchedulerStats(prefix_cache_queries=10)
+    collector.refresh()
+    assert sample("modelyard:prefix_cache_queries_total", model=model) - q0 == 160
+
+    # model unloaded: its gauge series disappear, counters stay
+    state.clear()
+    collector.refresh()
+    assert sample("modelyard:num_requests_running", model=model) == 0.0
+    assert sample("modelyard:prefix_cache_queries_total", model=model) - q0 == 160
+    unregister()
+
+
+def test_a_failing_source_does_not_break_the_scrape() -> None:
+    collector = EngineStatsCollector()
+
+    def broken() -> dict[str, SchedulerStats]:
+        raise RuntimeError("engine gone")
+
+    collector.register(broken)
+    collector.register(lambda: {"ok-model": SchedulerStats(num_running=7)})
+    collector.refresh()
+    assert sample("modelyard:num_requests_running", model="ok-model") == 7
