@@ -238,7 +238,7 @@ class AsyncLLM:
         """Stream the request's outputs (see LLMClient.generate for the error contract)."""
         params.validate()
         prompt_ids = await self._tokenize(prompt)
-        self._check_length(len(prompt_ids), params)
+        check_prompt_length(len(prompt_ids), params.max_tokens, self.max_model_len)
         if not self._client.is_alive:
             raise EngineDeadError(f"engine is not running: {self._client.dead_reason}")
         if request_id in self._live:
@@ -279,15 +279,6 @@ class AsyncLLM:
         if not ids:
             raise ValueError("prompt must not be empty")
         return ids
-
-    def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
-        limit = self.max_model_len
-        max_tokens = params.max_tokens or 0
-        if prompt_len >= limit or prompt_len + max_tokens > limit:
-            raise PromptTooLongError(
-                f"prompt has {prompt_len} tokens and max_tokens is {params.max_tokens}: "
-                f"together they exceed the model's context of max_model_len={limit} tokens"
-            )
 
     def _admit(self, prompt_len: int) -> None:
         too_many = self._waiting_requests >= self._max_waiting_requests
@@ -354,6 +345,15 @@ class AsyncLLM:
             to_abort, state.stopped_by_string = state.stopped_by_string, []
             await self._client.abort(to_abort)
         return output
+
+
+def check_prompt_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+    """PromptTooLongError when the prompt leaves no room, or prompt + max_tokens > context."""
+    if prompt_len >= max_model_len or prompt_len + (max_tokens or 0) > max_model_len:
+        raise PromptTooLongError(
+            f"prompt has {prompt_len} tokens and max_tokens is {max_tokens}: together they "
+            f"exceed the model's context of max_model_len={max_model_len} tokens"
+        )
 
 
 def load_tokenizer(path: str) -> Tokenizer:
