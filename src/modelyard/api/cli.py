@@ -1,0 +1,142 @@
+"""`modelyard serve`: the HTTP server on a catalog of models.
+
+Runs uvicorn programmatically in this process (the API process never runs a model: the manager
+starts one worker process per loaded model). Startup: print the URL and an example request,
+start listening at once (`/health` 200, `/ready` 503), preload the catalog's preload/pinned
+models with a progress spinner, then report ready. SIGTERM/SIGINT: stop accepting, let
+in-flight requests finish for up to `server.drain_timeout_s`, stop the workers, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import time
+from typing import Any
+
+from modelyard.config import EngineDefaults, ModelyardConfig, load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
+    parser.add_argument("--catalog", default=None, help="catalog YAML (default: embedded)")
+    parser.add_argument("--config", default=None, help="YAML: server/engine/manager/gateway")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    parser.add_argument(
+        "--preload",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="load the catalog's preload models at start (default: yes)",
+    )
+    parser.add_argument("--log-level", default="info", help="uvicorn log level")
+
+
+def config_from_args(args: argparse.Namespace) -> ModelyardConfig:
+    """The config file with the command-line options applied on top (ValueError if invalid)."""
+    config = load_config(args.config)
+    server = config.server
+    if args.host is not None:
+        server = dataclasses.replace(server, host=args.host)
+    if args.port is not None:
+        server = dataclasses.replace(server, port=args.port)
+    overrides = {
+        "dtype": args.dtype,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "kv_cache_bytes": args.kv_cache_bytes,
+    }
+    engine = dataclasses.replace(
+        config.engine, **{k: v for k, v in overrides.items() if v is not None}
+    )
+    catalog = args.catalog if args.catalog is not None else config.catalog
+    return dataclasses.replace(config, server=server, engine=engine, catalog=catalog)
+
+
+def build_catalog(path: str | None, engine: EngineDefaults, *, preload: bool) -> Any:
+    """The catalog with engine overrides applied to every LLM (and preload cleared if asked)."""
+    from modelyard.manager.catalog import Catalog, load_catalog
+
+    catalog = load_catalog(path)
+    overrides = engine.overrides()
+    specs = []
+    for spec in catalog:
+        changes: dict[str, Any] = {}
+        if spec.kind.is_llm and overrides:
+            changes["options"] = {**dict(spec.options), **overrides}
+        if not preload:
+            changes["preload"] = False
+        specs.append(dataclasses.replace(spec, **changes) if changes else spec)
+    return Catalog(specs)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+        return serve(config, preload=args.preload, log_level=args.log_level)
+    except (ValueError, OSError) as exc:
+        print(f"modelyard serve: {exc}", file=sys.stderr)
+        return 2
+
+
+def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "info") -> int:
+    """Build the manager and the app, serve until SIGTERM/SIGINT, drain, close; return 0."""
+    import uvicorn
+    from rich.console import Console
+
+    from modelyard.api.app import build_app
+    from modelyard.manager.manager import Manager, ManagerConfig
+
+    console = Console(stderr=True)
+    catalog = build_catalog(config.catalog, config.engine, preload=preload)
+    try:
+        manager_config = ManagerConfig(**dict(config.manager))
+    except TypeError as exc:
+        raise ValueError(f"manager: {exc}") from exc
+    manager = Manager(catalog, manager_config)
+    wanted = [spec.id for spec in catalog if spec.preload or spec.pin]
+
+    async def startup() -> None:
+        started = time.monotonic()
+        label = ", ".join(wanted) or "nothing to preload"
+        with console.status(f"[bold]loading models:[/] {label}", spinner="dots"):
+            await manager.start()
+        console.print(
+            f"[green]ready[/] in {time.monotonic() - started:.1f} s "
+            f"(models: {', '.join(wanted) or 'loaded on first request'})"
+        )
+
+    app = build_app(manager, config, startup=startup)
+    server = config.server
+    uv_config = uvicorn.Config(
+        app,
+        host=server.host,
+        port=server.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(server.drain_timeout_s) or None,
+        lifespan="on",
+    )
+    _print_banner(console, config, wanted)
+    uvicorn_server = uvicorn.Server(uv_config)
+    asyncio.run(uvicorn_server.serve())
+    console.print("modelyard stopped")
+    return 0
+
+
+def _print_banner(console: Any, config: ModelyardConfig, wanted: list[str]) -> None:
+    url = f"http://{config.server.host}:{config.server.port}"
+    model = config.server.textbook.model
+    console.print(f"[bold]modelyard[/] serving on [cyan]{url}[/] (ready: {url}/ready)")
+    console.print("example:")
+    console.print(
+        f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], '
+        f'"max_tokens": 32}}\'',
+        markup=False,
+        highlight=False,
+    )

@@ -1,0 +1,191 @@
+"""Error envelopes shared by every route, and the exception handlers that produce them.
+
+Every failure leaves the server as a JSON body in the protocol's own envelope:
+
+- OpenAI (`/v1/*`) and the textbook endpoints: `{"error": {"message", "type", "param", "code"}}`;
+- KServe v2 (`/v2/*`): `{"error": "<message>"}` (`kserve_error_body`).
+
+`APIError` carries status, OpenAI type, param and Retry-After; `api_error_from_exception` maps
+engine, manager and validation errors onto it, so a route only raises and never formats. Bad
+input is always a 4xx, never a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
+
+log = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "client_closed_request",
+    500: "internal_server_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class APIError(Exception):
+    """An error with its HTTP status; rendered in the envelope of the route's protocol."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,  # OpenAI error type; derived from the status when None
+        param: str | None = None,  # the offending request field, when one is to blame
+        code: str | None = None,  # a short machine-readable code
+        retry_after_s: float | None = None,  # sent as Retry-After (429/503)
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _TYPE_BY_STATUS.get(status, "api_error")
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error envelope (also used by the textbook endpoints and SSE error events)."""
+        return openai_error_body(self.message, self.type, self.param, self.code)
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+
+class ClientDisconnectedError(Exception):
+    """The client went away before the response was sent; nothing is left to answer."""
+
+
+def openai_error_body(
+    message: str, type: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}` as the OpenAI API returns it."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def kserve_error_body(message: str) -> dict[str, str]:
+    """`{"error": "<message>"}`: the KServe v2 / Open Inference protocol error envelope."""
+    return {"error": message}
+
+
+def error_body_for_path(path: str, error: APIError) -> dict[str, Any]:
+    """The envelope of the protocol served under `path` (KServe under /v2, OpenAI elsewhere)."""
+    if path.startswith("/v2/") or path == "/v2":
+        return kserve_error_body(error.message)
+    return error.body()
+
+
+def error_response(path: str, error: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body_for_path(path, error), status_code=error.status, headers=error.headers()
+    )
+
+
+def param_from_value_error(message: str) -> str | None:
+    """SamplingParams.validate() messages start with the field name ("top_p must be ...")."""
+    first = message.split(" ", 1)[0]
+    return first if first.isidentifier() else None
+
+
+def api_error_from_exception(exc: BaseException) -> APIError:
+    """Map any exception a route can meet onto an APIError (unknown ones become a 500)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, PromptTooLongError):
+        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, ModelNotFoundError):
+        return APIError(
+            404, _message(exc, "model not found"), param="model", code="model_not_found"
+        )
+    if isinstance(exc, EngineOverloadedError):
+        return APIError(429, str(exc), code="overloaded", retry_after_s=exc.retry_after_s)
+    if isinstance(exc, ModelUnavailableError):
+        return APIError(503, str(exc), code="model_unavailable", retry_after_s=exc.retry_after_s)
+    if isinstance(exc, ModelLoadError):
+        return APIError(
+            503, f"model failed to load: {exc}", code="model_load_failed", retry_after_s=5
+        )
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, f"engine unavailable: {exc}", code="engine_dead", retry_after_s=5)
+    if isinstance(exc, TimeoutError):
+        return APIError(504, "request timed out", code="timeout")
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc), param=param_from_value_error(str(exc)))
+    log.exception("unhandled error", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _message(exc: BaseException, default: str) -> str:
+    text = str(exc)
+    return text.strip("'\"") if text else default
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """A pydantic/JSON error as a 400 naming the field (OpenAI answers 400, not FastAPI's 422)."""
+    errors = exc.errors()
+    if not errors:
+        return APIError(400, "invalid request")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"request body is not valid JSON: {message}")
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+def install_exception_handlers(app: FastAPI) -> None:
+    """Every error type becomes its envelope; registered once by build_app."""
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, RequestValidationError):  # pragma: no cover - registration
+            raise exc
+        return error_response(request.url.path, validation_error(exc))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, StarletteHTTPException):  # pragma: no cover - registration
+            raise exc
+        error = APIError(exc.status_code, str(exc.detail))
+        response = error_response(request.url.path, error)
+        for key, value in (exc.headers or {}).items():
+            response.headers[key] = value
+        return response
+
+    async def on_any(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(request.url.path, api_error_from_exception(exc))
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    for exc_type in (
+        APIError,
+        PromptTooLongError,
+        ModelNotFoundError,
+        ModelLoadError,
+        ModelUnavailableError,
+        EngineOverloadedError,
+        EngineDeadError,
+        TimeoutError,
+        ValueError,
+        Exception,
+    ):
+        app.add_exception_handler(exc_type, on_any)

@@ -1,0 +1,55 @@
+"""Liveness, readiness and a debug view of engine state.
+
+- `GET /health`: 200 `{"status": "ok"}` whenever the process serves HTTP.
+- `GET /ready`: 503 `{"status": "loading"}` (Retry-After) until the preloaded models are ready,
+  then 200 `{"status": "ready"}`; 503 `{"status": "failed", "error"}` if startup failed.
+- `GET /debug/engine_stats?model=<name>`: the model's latest SchedulerStats (running, waiting,
+  free KV blocks...); for admins, or anyone when auth is off; disabled by
+  `server.debug_endpoints: false`. Tests use it to see that aborted requests free their blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from modelyard.api.errors import APIError
+from modelyard.api.generation import principal_of
+from modelyard.gateway.base import ANONYMOUS
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    state = request.app.state
+    if state.ready:
+        return JSONResponse({"status": "ready"})
+    if state.startup_error is not None:
+        body = {"status": "failed", "error": state.startup_error}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
+
+
+@router.get("/debug/engine_stats")
+async def engine_stats(model: str, request: Request) -> dict[str, Any]:
+    if not request.app.state.config.server.debug_endpoints:
+        raise APIError(404, "debug endpoints are disabled")
+    principal = principal_of(request)
+    if principal != ANONYMOUS and not principal.is_admin:
+        raise APIError(403, "admin only")
+    async with request.app.state.provider.lease(model) as lease:
+        try:
+            llm = lease.llm
+        except TypeError as exc:
+            raise APIError(400, f"{model!r} is not an LLM", param="model") from exc
+        stats = msgspec.to_builtins(llm.stats())
+        return {"model": lease.model_id, "stats": stats}

@@ -1,0 +1,202 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
+
+Non-streaming responses carry `x-modelyard-queue-time` / `x-modelyard-ttft` headers (seconds)
+and the `modelyard` timings field; streams end with `data: [DONE]`, preceded by an error event
+if they fail after the first byte. Every response carries `x-modelyard-route`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.background import BackgroundTask
+from starlette.responses import JSONResponse, Response
+
+from modelyard.api.errors import APIError, api_error_from_exception
+from modelyard.api.generation import (
+    Generation,
+    Prompt,
+    PromptBuilder,
+    cancel_on_disconnect,
+    open_generation,
+)
+from modelyard.api.openai_format import ChoiceText, OpenAIFormat, finish_reason_of, usage_body
+from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
+from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
+from modelyard.engine.messages import FinishReason
+from modelyard.engine.protocol import LLMClient
+from modelyard.engine.sampling_params import SamplingParams
+
+router = APIRouter()
+
+#: Chat templates of longer conversations are rendered off the event loop.
+_INLINE_TEMPLATE_CHARS = 4096
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    params = body.to_sampling_params()
+    messages = [m.as_template_message() for m in body.messages]
+
+    async def build(llm: LLMClient) -> list[Prompt]:
+        if sum(len(m["content"]) for m in messages) > _INLINE_TEMPLATE_CHARS:
+            return [await asyncio.to_thread(llm.apply_chat_template, messages)]
+        return [llm.apply_chat_template(messages)]
+
+    return await serve_openai(
+        request,
+        body.model,
+        build,
+        params,
+        body.priority,
+        body.stream,
+        body.stream_options,
+        chat=True,
+    )
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    params = body.to_sampling_params()
+    prompts = body.prompts()
+
+    async def build(llm: LLMClient) -> list[Prompt]:
+        return list(prompts)
+
+    return await serve_openai(
+        request,
+        body.model,
+        build,
+        params,
+        body.priority,
+        body.stream,
+        body.stream_options,
+        chat=False,
+    )
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """OpenAI model list from the provider's describe() (ids and aliases of every model)."""
+    described = request.app.state.provider.describe()
+    created = int(request.app.state.started_at)
+    data = [
+        {"id": model_id, "object": "model", "created": created, "owned_by": "modelyard"}
+        for model_id in model_ids_of(described)
+    ]
+    return {"object": "list", "data": data}
+
+
+def model_ids_of(described: Any) -> list[str]:
+    """Model ids in a describe() result: the manager's {"available_models": [{"id"}...]},
+    or {"models": [...]}, or a plain {id: ...} mapping."""
+    models = described
+    if isinstance(described, dict):
+        models = described.get("available_models", described.get("models", described))
+    if isinstance(models, dict):
+        return [str(k) for k in models]
+    ids = []
+    for entry in models or []:
+        if isinstance(entry, dict) and "id" in entry:
+            ids.append(str(entry["id"]))
+        elif isinstance(entry, str):
+            ids.append(entry)
+    return ids
+
+
+async def serve_openai(
+    request: Request,
+    model: str,
+    build: PromptBuilder,
+    params: SamplingParams,
+    priority: int,
+    stream: bool,
+    stream_options: StreamOptions | None,
+    *,
+    chat: bool,
+) -> Response:
+    """Run one OpenAI request to a JSON response or an SSE stream."""
+    gen: Generation | None = None
+    handed_off = False
+    try:
+        async with cancel_on_disconnect(request):
+            gen = await open_generation(request, model, build, params, priority=priority)
+            fmt = OpenAIFormat(
+                chat=chat, model=gen.model_id, n=params.n, tokenizer=gen.llm.tokenizer
+            )
+            if not stream:
+                choices = await collect_choices(gen, fmt)
+        headers = {"x-modelyard-route": gen.decision.header}
+        if stream:
+            include_usage = bool(stream_options and stream_options.include_usage)
+            events = stream_events(gen, fmt, include_usage=include_usage)
+            handed_off = True
+            response = sse_response(events, headers)
+            response.background = BackgroundTask(gen.aclose)
+            return response
+        await gen.aclose()
+        usage = usage_body(*_token_counts(gen))
+        timings = gen.timings()
+        headers.update(_timing_headers(timings))
+        return JSONResponse(fmt.response(choices, usage, timings), headers=headers)
+    finally:
+        if gen is not None and not handed_off:
+            await gen.aclose()
+
+
+async def collect_choices(gen: Generation, fmt: OpenAIFormat) -> dict[int, ChoiceText]:
+    """Read every output to the end; an engine error fails the whole request."""
+    choices: dict[int, ChoiceText] = {}
+    async for stream_index, output in gen.all_outputs():
+        for delta in output.deltas:
+            if delta.finish_reason == FinishReason.ERROR:
+                raise APIError(500, f"generation failed: {delta.error or 'engine error'}")
+            choice = choices.setdefault(fmt.choice_index(stream_index, delta), ChoiceText())
+            choice.text.append(delta.text)
+            if delta.logprobs:
+                choice.logprobs.extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                choice.finish_reason = finish_reason_of(delta)
+    return choices
+
+
+async def stream_events(
+    gen: Generation, fmt: OpenAIFormat, *, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """SSE events of one request; closes the generation (aborting it if unfinished)."""
+    try:
+        if fmt.chat:
+            yield sse_event(fmt.role_chunk(len(gen.streams) * fmt.n))
+        async for stream_index, output in gen.all_outputs():
+            for delta in output.deltas:
+                if delta.finish_reason == FinishReason.ERROR:
+                    raise APIError(500, f"generation failed: {delta.error or 'engine error'}")
+                chunk = fmt.delta_chunk(stream_index, delta)
+                if chunk is not None:
+                    yield sse_event(chunk)
+        await gen.aclose()
+        if include_usage:
+            yield sse_event(fmt.usage_chunk(usage_body(*_token_counts(gen)), gen.timings()))
+    except Exception as exc:
+        yield sse_error(api_error_from_exception(exc))
+    finally:
+        await gen.aclose()
+    yield SSE_DONE
+
+
+def _token_counts(gen: Generation) -> tuple[int, int]:
+    streams: Sequence[Any] = gen.streams
+    prompt = sum(s.tracker.prompt_tokens for s in streams)
+    completion = sum(s.tracker.completion_tokens for s in streams)
+    return prompt, completion
+
+
+def _timing_headers(timings: dict[str, Any]) -> dict[str, str]:
+    headers = {}
+    for key, header in (("queue_time", "x-modelyard-queue-time"), ("ttft", "x-modelyard-ttft")):
+        if timings.get(key) is not None:
+            headers[header] = f"{timings[key]:.6f}"
+    return headers
