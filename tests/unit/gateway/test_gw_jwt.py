@@ -1,0 +1,103 @@
+"""JWT verification against a JWKS file generated in the test."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from gw_helpers import AUDIENCE, ISSUER, RsaSigner, write_jwks
+
+from modelyard.gateway.config import JwtConfig
+from modelyard.gateway.jwt_auth import JwksCache, JwtError, JwtVerifier
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def signers() -> tuple[RsaSigner, RsaSigner]:
+    return RsaSigner("k1"), RsaSigner("k2")
+
+
+def _verifier(path: Path, **overrides: object) -> JwtVerifier:
+    settings: dict[str, object] = {
+        "jwks_file": str(path),
+        "audience": AUDIENCE,
+        "issuer": ISSUER,
+        "leeway_s": 5.0,
+        "refresh_min_interval_s": 0.0,
+    }
+    settings.update(overrides)
+    return JwtVerifier(JwtConfig(**settings))  # type: ignore[arg-type]
+
+
+async def test_valid_token_yields_claims_and_tenant(tmp_path, signers) -> None:
+    verifier = _verifier(write_jwks(tmp_path / "jwks.json", signers[0]))
+    claims = await verifier.verify(signers[0].token("acme"))
+    assert verifier.tenant_of(claims) == "acme"
+
+
+@pytest.mark.parametrize(
+    ("claims", "message"),
+    [
+        ({"exp": int(time.time()) - 60}, "expired"),
+        ({"nbf": int(time.time()) + 60}, "not yet valid"),
+        ({"aud": "someone-else"}, "audience"),
+        ({"iss": "https://evil"}, "issuer"),
+        ({"exp": None}, "invalid"),
+    ],
+)
+async def test_rejected_claims(tmp_path, signers, claims, message) -> None:
+    verifier = _verifier(write_jwks(tmp_path / "jwks.json", signers[0]))
+    with pytest.raises(JwtError, match=message):
+        await verifier.verify(signers[0].token(**claims))
+
+
+async def test_leeway_accepts_just_expired(tmp_path, signers) -> None:
+    verifier = _verifier(write_jwks(tmp_path / "jwks.json", signers[0]), leeway_s=30.0)
+    await verifier.verify(signers[0].token(exp=int(time.time()) - 5))
+
+
+async def test_wrong_signature(tmp_path, signers) -> None:
+    # signed by k2's private key but claiming k1's kid
+    verifier = _verifier(write_jwks(tmp_path / "jwks.json", signers[0]))
+    with pytest.raises(JwtError, match="invalid token"):
+        await verifier.verify(signers[1].token(kid="k1"))
+    tampered = signers[0].token()
+    head, payload, sig = tampered.split(".")
+    with pytest.raises(JwtError):
+        await verifier.verify(f"{head}.{payload}.{sig[:-4]}AAAA")
+
+
+async def test_unknown_kid_refreshes_once_then_rejects(tmp_path, signers) -> None:
+    path = write_jwks(tmp_path / "jwks.json", signers[0])
+    verifier = _verifier(path, refresh_min_interval_s=3600.0)
+    await verifier.verify(signers[0].token())
+    assert verifier.jwks.refreshes == 1
+    for _ in range(3):  # unknown kid: rate-limited refresh, no refetch storm
+        with pytest.raises(JwtError, match="unknown key id"):
+            await verifier.verify(signers[1].token())
+    assert verifier.jwks.refreshes == 1
+
+
+async def test_unknown_kid_triggers_refresh_for_rotated_key(tmp_path, signers) -> None:
+    path = write_jwks(tmp_path / "jwks.json", signers[0])
+    clock = [0.0]
+    config = JwtConfig(
+        jwks_file=str(path), audience=AUDIENCE, issuer=ISSUER, refresh_min_interval_s=10
+    )
+    verifier = JwtVerifier(config, JwksCache(config, clock=lambda: clock[0]))
+    await verifier.verify(signers[0].token())
+    write_jwks(path, signers[0], signers[1])  # the IdP rotates in k2
+    with pytest.raises(JwtError, match="unknown key id"):
+        await verifier.verify(signers[1].token())  # within the refresh interval
+    clock[0] = 11.0
+    claims = await verifier.verify(signers[1].token())
+    assert claims["tenant"] == "acme"
+    assert verifier.jwks.refreshes == 2
+
+
+async def test_algorithm_not_in_allow_list(tmp_path, signers) -> None:
+    verifier = _verifier(write_jwks(tmp_path / "jwks.json", signers[0]), algorithms=("ES256",))
+    with pytest.raises(JwtError, match="algorithm"):
+        await verifier.verify(signers[0].token())

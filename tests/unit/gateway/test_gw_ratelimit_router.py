@@ -1,0 +1,178 @@
+"""The in-memory limit store (fake clock) and the router's decisions."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from modelyard.gateway.base import Principal
+from modelyard.gateway.config import GatewayConfig, Quota
+from modelyard.gateway.ratelimit import Limit, MemoryStore
+from modelyard.gateway.router import WeightedRouter, build_router
+from modelyard.observability.metrics import ROUTE_DECISIONS
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_rpm_allows_exactly_the_burst_then_refills() -> None:
+    clock = Clock()
+    store = MemoryStore(clock)
+    quota = Quota(rpm=5)
+    results = [await store.acquire("t", quota, 0) for _ in range(7)]
+    assert [r.allowed for r in results] == [True] * 5 + [False] * 2
+    assert [r.remaining for r in results[:5]] == [4, 3, 2, 1, 0]
+    refused = results[5]
+    assert refused.refused == Limit.RPM
+    headers = dict(refused.headers())
+    assert headers["x-ratelimit-limit"] == "5"
+    assert headers["retry-after"] == "12"  # one request per 60/5 s
+    clock.now += 11.9
+    assert not (await store.acquire("t", quota, 0)).allowed
+    clock.now += 0.2
+    assert (await store.acquire("t", quota, 0)).allowed
+    assert (await store.acquire("other", quota, 0)).allowed  # tenants are separate
+
+
+async def test_tpm_precharges_estimate_and_settles_real_count() -> None:
+    clock = Clock()
+    store = MemoryStore(clock)
+    quota = Quota(tpm=100)
+    first = await store.acquire("t", quota, 60)
+    assert first.allowed
+    assert first.remaining == 40
+    refused = await store.acquire("t", quota, 60)  # 40 left < 60
+    assert not refused.allowed
+    assert refused.refused == Limit.TPM
+    assert math.isclose(refused.retry_after_s, 20 / (100 / 60))
+    await store.settle("t", quota, token_delta=60 - 15, release=False)  # real use was 15
+    second = await store.acquire("t", quota, 60)
+    assert second.allowed
+    assert second.remaining == 100 - 15 - 60
+    await store.settle("t", quota, token_delta=60 - 200, release=False)  # used more than estimated
+    assert not (await store.acquire("t", quota, 1)).allowed  # bucket below zero
+
+
+async def test_huge_estimate_is_capped_at_capacity() -> None:
+    store = MemoryStore(Clock())
+    decision = await store.acquire("t", Quota(tpm=50), 10_000)
+    assert decision.allowed
+    assert decision.remaining == 0
+
+
+async def test_concurrency_slots_and_release() -> None:
+    store = MemoryStore(Clock())
+    quota = Quota(max_concurrent=2)
+    assert (await store.acquire("t", quota, 0)).allowed
+    assert (await store.acquire("t", quota, 0)).allowed
+    refused = await store.acquire("t", quota, 0)
+    assert refused.refused == Limit.CONCURRENCY
+    await store.settle("t", quota, 0, release=True)
+    assert (await store.acquire("t", quota, 0)).allowed
+
+
+async def test_refusal_debits_nothing() -> None:
+    store = MemoryStore(Clock())
+    quota = Quota(rpm=3, tpm=100)
+    assert (await store.acquire("t", quota, 90)).allowed
+    for _ in range(5):  # refused by tpm: the rpm bucket must not drain
+        assert (await store.acquire("t", quota, 50)).refused == Limit.TPM
+    assert (await store.acquire("t", quota, 5)).allowed
+    assert (await store.acquire("t", quota, 5)).allowed
+    assert (await store.acquire("t", quota, 0)).refused == Limit.RPM
+
+
+ROUTES = {
+    "routes": {
+        "seed": 1234,
+        "models": {
+            "chat": {
+                "target": "chat-v1",
+                "aliases": ["gpt-4o-mini"],
+                "canary": {"chat-v2": 0.1},
+                "fallbacks": ["chat-small"],
+                "tenants": {"acme": "chat-acme"},
+            }
+        },
+    }
+}
+
+
+def _router(**kw: object) -> WeightedRouter:
+    router = build_router(GatewayConfig.from_dict(ROUTES), **kw)  # type: ignore[arg-type]
+    assert isinstance(router, WeightedRouter)
+    return router
+
+
+def test_canary_split_within_binomial_bound() -> None:
+    router = _router()
+    before = ROUTE_DECISIONS.labels("chat", "chat-v2", "canary")._value.get()
+    n, p = 2000, 0.1
+    decisions = [router.route("chat", Principal(tenant="t")) for _ in range(n)]
+    canary = sum(d.targets[0] == "chat-v2" for d in decisions)
+    sigma = math.sqrt(n * p * (1 - p))
+    assert abs(canary - n * p) <= 4 * sigma  # ~13.4: [146, 254]
+    assert all(d.reason == "canary" for d in decisions if d.targets[0] == "chat-v2")
+    assert all(d.targets == ["chat-v1", "chat-small"] for d in decisions if d.reason == "direct")
+    assert all(
+        d.targets == ["chat-v2", "chat-v1", "chat-small"] for d in decisions if d.reason == "canary"
+    )
+    assert ROUTE_DECISIONS.labels("chat", "chat-v2", "canary")._value.get() - before == canary
+    again = _router()  # same seed: same draws
+    assert [again.route("chat", Principal(tenant="t")).targets[0] for _ in range(n)] == [
+        d.targets[0] for d in decisions
+    ]
+
+
+def test_tenant_override_wins_over_canary_and_alias_resolves() -> None:
+    draws: list[float] = []
+
+    class CountingRandom(random.Random):
+        def random(self) -> float:
+            draws.append(0.0)
+            return 0.0  # would always pick the canary
+
+    router = _router(rng=CountingRandom())
+    decision = router.route("gpt-4o-mini", Principal(tenant="acme"))
+    assert decision.targets[0] == "chat-acme"
+    assert decision.reason == "tenant-override"
+    assert draws == []  # the override is checked before the canary draw
+    assert decision.header == "gpt-4o-mini->chat-acme;tenant-override"
+    aliased = router.route("gpt-4o-mini", Principal(tenant="other"))
+    assert aliased.targets[0] == "chat-v2"
+    assert aliased.reason == "canary"
+    assert router.route("unknown-model", Principal(tenant="t")).targets == ["unknown-model"]
+
+
+class NoCanary(random.Random):
+    def random(self) -> float:
+        return 0.99
+
+
+def test_failing_target_moves_last_then_recovers() -> None:
+    clock = Clock()
+    routes = GatewayConfig.from_dict(ROUTES).routes
+    router = WeightedRouter(routes, rng=NoCanary(), clock=clock)
+    assert router.route("chat", Principal(tenant="t")).targets == ["chat-v1", "chat-small"]
+    router.report_failure("chat-v1")
+    decision = router.route("chat", Principal(tenant="t"))
+    assert decision.targets == ["chat-small", "chat-v1"]
+    assert decision.reason == "fallback"
+    clock.now += 31  # cooldown over
+    assert router.route("chat", Principal(tenant="t")).targets[0] == "chat-v1"
+
+
+def test_no_routes_gives_identity_router() -> None:
+    router = build_router(GatewayConfig())
+    decision = router.route("m", Principal(tenant="t"))
+    assert decision.targets == ["m"]
+    assert decision.reason == "direct"
