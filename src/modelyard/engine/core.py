@@ -44,7 +44,11 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
-        runner_output = self.runner.execute(scheduler_output)
+        try:
+            runner_output = self.runner.execute(scheduler_output)
+        except BaseException:
+            self.scheduler.discard(scheduler_output)  # no half-written KV in the prefix cache
+            raise
         return self.scheduler.update(scheduler_output, runner_output)
 
     def has_unfinished_requests(self) -> bool:

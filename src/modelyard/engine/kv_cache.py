@@ -151,10 +151,14 @@ class KVCacheManager:
         return True
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Enter the request's full blocks whose KV is computed into the prefix cache.
+        """Enter the request's full blocks within its first `num_computed_tokens` tokens into
+        the prefix cache.
 
-        Call after the runner computed KV up to `num_computed_tokens`. When another block
-        already caches the same prefix, it stays the cached one and this block stays private.
+        The scheduler calls this when it puts the tokens in a batch (as vLLM does), so that a
+        request admitted later in the same step can share them: the runner writes every new
+        K/V of a step before any attention reads the cache. If the batch does not run after
+        all, `uncache_blocks` takes the entries back. When another block already caches the
+        same prefix, it stays the cached one and this block stays private.
         """
         if not self.enable_prefix_caching:
             return
@@ -170,6 +174,19 @@ class KVCacheManager:
                 block.block_hash = block_hash
                 self._cached[block_hash] = block.block_id
         self._num_hashed_blocks[request.request_id] = num_full
+
+    def uncache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Take back the cache entries of the request's blocks past its first
+        `num_computed_tokens` tokens: their KV will not be computed (the request left the
+        batch, or the batch failed), so nobody may find them."""
+        first = num_computed_tokens // self.block_size
+        for block_id in request.block_ids[first:]:
+            block = self.blocks[block_id]
+            if block.block_hash is not None and self._cached.get(block.block_hash) == block_id:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+        hashed = self._num_hashed_blocks.get(request.request_id, 0)
+        self._num_hashed_blocks[request.request_id] = min(hashed, first)
 
     def free(self, request: Request) -> None:
         """Drop the request's references; blocks reaching ref count 0 join the free list.

@@ -17,8 +17,13 @@ Pure CPU code behind two methods (vLLM v1 / nano-vllm shape):
      (repeatedly, worst first) to make room. Equal priorities never preempt each other on
      admission, so FCFS inside a class cannot thrash.
 - `update(scheduler_output, runner_output) -> list[EngineOutput]` appends the sampled tokens,
-  enters newly computed full blocks into the prefix cache, applies the stop checks and frees
-  the blocks of finished requests at once (their ids go to the runner with the next batch).
+  applies the stop checks and frees the blocks of finished requests at once (their ids go to
+  the runner with the next batch).
+
+Blocks enter the prefix cache when the tokens that fill them are scheduled (vLLM does the
+same), so n > 1 siblings admitted in one step share the prompt's blocks at once; the runner
+writes all new K/V of a step before attention reads the cache. A request preempted after it was
+put in the batch, or a batch that fails (`discard`), withdraws those entries again.
 
 Stop checks, in order, on each new token: a stop token id, then EOS unless ignore_eos — both
 only once at least `min_tokens` tokens were generated BEFORE this one (the same rule the
@@ -218,7 +223,7 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
             if not self._allocate_or_preempt(request, num_new, batch):
                 break  # it preempted itself: it was the last one
-            batch.add(request, num_new)
+            self._add_to_batch(batch, request, num_new)
             index += 1
 
     def _allocate_or_preempt(self, request: Request, num_new: int, batch: _Batch) -> bool:
@@ -238,15 +243,28 @@ class Scheduler:
             request = self.waiting.peek()
             if request.request_id in batch.preempted_ids:
                 break  # just preempted to make room: do not take it straight back
+            if not self._try_admit(request, batch):
+                break
+
+    def _try_admit(self, request: Request, batch: _Batch) -> bool:
+        """Admit the head of the queue with its prefix-cache hits, if blocks allow; it may
+        preempt running requests of strictly lower priority, worst first (they may already be
+        in this batch: they leave it). The lookup is redone after each preemption, since a
+        victim's blocks published in this step are withdrawn."""
+        while True:
             cached_blocks, num_cached = self.kv_cache.get_computed_blocks(request)
             num_new = self._num_prefill_tokens(request.num_tokens - num_cached, batch)
-            if num_new == 0 or not self._allocate_for_admission(
-                request, num_new, cached_blocks, batch
-            ):
+            if num_new == 0:
+                return False
+            if self.kv_cache.allocate_slots(request, num_new, cached_blocks):
                 break
-            self.waiting.pop()
-            self._admit(request, num_cached)
-            batch.add(request, num_new)
+            if not self.running or self._worst_running().priority >= request.priority:
+                return False
+            self._preempt(self._worst_running(), batch)
+        self.waiting.pop()
+        self._admit(request, num_cached)
+        self._add_to_batch(batch, request, num_new)
+        return True
 
     def _num_prefill_tokens(self, num_uncomputed: int, batch: _Batch) -> int:
         """Tokens of an admitted prefill to run this step; 0 means it must wait."""
@@ -257,16 +275,11 @@ class Scheduler:
             return batch.token_budget
         return 0
 
-    def _allocate_for_admission(
-        self, request: Request, num_new: int, cached_blocks: list[int], batch: _Batch
-    ) -> bool:
-        """Blocks for a waiting request; may preempt running requests of strictly lower
-        priority, worst first (they may already be in this batch: they leave it)."""
-        while not self.kv_cache.allocate_slots(request, num_new, cached_blocks):
-            if not self.running or self._worst_running().priority >= request.priority:
-                return False
-            self._preempt(self._worst_running(), batch)
-        return True
+    def _add_to_batch(self, batch: _Batch, request: Request, num_new: int) -> None:
+        """Schedule the tokens and publish the blocks they fill in the prefix cache now, so
+        that a request admitted later in this step (n > 1 siblings) already shares them."""
+        batch.add(request, num_new)
+        self.kv_cache.cache_blocks(request, request.num_computed_tokens + num_new)
 
     def _worst_running(self) -> Request:
         """The next preemption victim: lowest priority, then latest arrival."""
@@ -283,6 +296,8 @@ class Scheduler:
     def _preempt(self, request: Request, batch: _Batch) -> None:
         """Preempt by recompute: free the blocks, keep the outputs, queue it again."""
         self.running.remove(request)
+        if request.request_id in batch.scheduled:  # its KV for this step will not be written
+            self.kv_cache.uncache_blocks(request, request.num_computed_tokens)
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -331,11 +346,19 @@ class Scheduler:
             request = self.requests.get(entry.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted (or preempted) since it was scheduled
-            self.kv_cache.cache_blocks(request, request.num_computed_tokens)
             if entry.sample:
                 logprobs = runner_output.logprobs.get(entry.request_id)
                 outputs.append(self._append_token(request, sampled[entry.request_id], logprobs))
         return outputs
+
+    def discard(self, scheduler_output: SchedulerOutput) -> None:
+        """The batch did not run (the runner raised): roll its requests back to where they
+        were and withdraw the prefix-cache entries its KV would have filled."""
+        for entry in scheduler_output.scheduled:
+            request = self.requests.get(entry.request_id)
+            if request is not None and request.status is RequestStatus.RUNNING:
+                request.num_computed_tokens = entry.start_position
+                self.kv_cache.uncache_blocks(request, entry.start_position)
 
     def _append_token(
         self, request: Request, token_id: int, logprobs: TokenLogprobs | None

@@ -36,6 +36,7 @@ class FakeKVRunner:
     slots: list[int | None] = field(init=False)
     finished_seen: list[str] = field(default_factory=list)
     num_steps: int = 0
+    fail_next: bool = False  # raise on the next execute, writing nothing
 
     def __post_init__(self) -> None:
         self.slots = [None] * (self.num_kv_blocks * BS)
@@ -46,17 +47,23 @@ class FakeKVRunner:
         assert scheduler_output.num_batched_tokens == sum(
             len(s.token_ids) for s in scheduler_output.scheduled
         )
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("simulated runner failure")
+        # Like the real forward: every new K/V of the step is written before attention reads.
+        for s in scheduler_output.scheduled:
+            end = s.start_position + len(s.token_ids)
+            for position, token in zip(range(s.start_position, end), s.token_ids, strict=True):
+                self.slots[self._slot(s.block_table, position)] = token
         sampled = {}
         for s in scheduler_output.scheduled:
             tokens = [*s.prompt_token_ids, *s.output_token_ids]
             end = s.start_position + len(s.token_ids)
             assert list(s.token_ids) == tokens[s.start_position : end]
-            for position in range(s.start_position):
+            for position in range(end):
                 assert self.slots[self._slot(s.block_table, position)] == tokens[position], (
                     f"{s.request_id}: KV at position {position} is not its token"
                 )
-            for position in range(s.start_position, end):
-                self.slots[self._slot(s.block_table, position)] = tokens[position]
             if s.sample:
                 sampled[s.request_id] = next_token(s.request_id, end)
         return RunnerOutput(sampled_token_ids=sampled)
@@ -226,3 +233,30 @@ def test_prompt_too_long_is_rejected() -> None:
     outputs = [o for _ in range(3) for o in core.step()]
     assert len(outputs) == 1
     assert outputs[0].finish_reason == "length"
+
+
+def test_siblings_share_the_prompt_and_match_the_reference() -> None:
+    runner = FakeKVRunner(num_kv_blocks=64)
+    core = make_core(runner)
+    prompt = list(range(700, 718))
+    arrivals = [(0, make_request(f"n{i}", prompt, max_tokens=6)) for i in range(4)]
+    assert drive(core, arrivals) == expected(arrivals)
+    assert core.stats().prefix_cache_hits == 3 * 16
+
+
+def test_failed_step_leaves_no_unwritten_blocks_in_the_prefix_cache() -> None:
+    runner = FakeKVRunner(num_kv_blocks=16)
+    core = make_core(runner)
+    prompt = list(range(700, 718))
+    core.add_request(make_request("a", prompt, max_tokens=4))
+    runner.fail_next = True
+    with pytest.raises(RuntimeError, match="simulated"):
+        core.step()
+    core.abort_requests(["a"])  # what the worker does with the live requests
+    assert core.stats().num_free_blocks == 16
+    core.add_request(make_request("b", prompt, max_tokens=4))
+    outputs = [o for _ in range(4) for o in core.step()]  # the fake checks the KV it reads
+    assert outputs[0].num_cached_tokens == 0
+    assert [t for o in outputs for t in o.new_token_ids] == expected(
+        [(0, make_request("b", prompt, 4))]
+    )["b"]

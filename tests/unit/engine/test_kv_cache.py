@@ -196,6 +196,19 @@ def test_same_prefix_computed_twice_keeps_first_cached() -> None:
     assert num_cached == 4
 
 
+def test_uncache_withdraws_blocks_that_will_not_be_computed() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    request = make_request("a", list(range(10)))
+    assert kv.allocate_slots(request, 10)
+    kv.cache_blocks(request, 10)  # published when scheduled
+    assert kv.num_cached_blocks == 2
+    kv.uncache_blocks(request, 5)  # only block 0 was really computed
+    assert kv.cached_block_id(request.block_hashes[0]) == request.block_ids[0]
+    assert kv.cached_block_id(request.block_hashes[1]) is None
+    kv.cache_blocks(request, 10)  # scheduled again later: published again
+    assert kv.cached_block_id(request.block_hashes[1]) == request.block_ids[1]
+
+
 def test_prefix_caching_disabled() -> None:
     kv = KVCacheManager(num_blocks=8, block_size=BS, enable_prefix_caching=False)
     admit(kv, make_request("a", list(range(9))))

@@ -232,6 +232,35 @@ def test_cached_blocks_of_finished_requests_are_reused() -> None:
     assert outs["b"].num_cached_tokens == 8
 
 
+def test_siblings_admitted_together_share_the_prompt_blocks_at_once() -> None:
+    sched = make_scheduler()
+    prompt = [300 + i for i in range(9)]
+    for rid in ("s0", "s1", "s2"):  # n = 3 fanned out by the API process
+        sched.add_request(make_request(rid, prompt))
+    out = sched.schedule()
+    assert tokens_of(out) == {"s0": 9, "s1": 1, "s2": 1}
+    first, *others = out.scheduled
+    for entry in others:
+        assert entry.start_position == 8
+        assert list(entry.block_table[:2]) == list(first.block_table[:2])
+    assert sched.stats().prefix_cache_hits == 16
+
+
+def test_preempted_victim_withdraws_blocks_published_this_step() -> None:
+    # low's second block is filled by the chunk scheduled in this very step; when urgent
+    # (same prompt) preempts low, that block must not serve urgent as a cache hit.
+    sched = make_scheduler(num_blocks=3, max_num_batched_tokens=6)
+    prompt = [300 + i for i in range(10)]
+    sched.add_request(make_request("low", prompt, priority=0))
+    step(sched)  # tokens 0..5: block 0 full and cached
+    sched.add_request(make_request("urgent", prompt, priority=9))
+    out = sched.schedule()  # low: tokens 6..9 (fills block 1), then urgent preempts it
+    assert tokens_of(out) == {"urgent": 6}
+    (entry,) = out.scheduled
+    assert entry.start_position == 4  # only block 0 was really computed
+    assert sched.requests["low"].status is RequestStatus.PREEMPTED
+
+
 def test_no_prefix_hits_when_disabled() -> None:
     sched = make_scheduler(prefix_caching=False)
     system = [300 + i for i in range(8)]
