@@ -111,6 +111,8 @@ def api_error_from_exception(exc: BaseException) -> APIError:
     """Map any exception a route can meet onto an APIError (unknown ones become a 500)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ClientDisconnectedError):
+        return APIError(499, "client disconnected")
     if isinstance(exc, PromptTooLongError):
         return APIError(400, str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, ModelNotFoundError):
@@ -178,6 +180,7 @@ def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)
     for exc_type in (
         APIError,
+        ClientDisconnectedError,
         PromptTooLongError,
         ModelNotFoundError,
         ModelLoadError,
