@@ -6,7 +6,7 @@ app = build_app(provider, config, router=None, startup=manager.start)
 
 - `provider`: where models come from (`Manager` in `serve`, small fakes in tests);
 - `config`: the ModelyardConfig (middleware limits, timeouts, textbook defaults);
-- `router`: the gateway's ModelRouter (default `IdentityRouter`);
+- `router`: the gateway's ModelRouter (default: built from config.gateway routes, identity if none);
 - `startup`: awaited in the background after the server starts listening (e.g. preloading the
   pinned models); `/ready` answers 503 until it returns, `/health` answers 200 meanwhile;
 - `close_provider`: on shutdown (after uvicorn drained in-flight requests) `provider.close()`
@@ -30,7 +30,8 @@ from modelyard.api.middleware import build_middleware_stack
 from modelyard.api.routes import embeddings, health, kserve, openai, predict, textbook, vllm_compat
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
-from modelyard.gateway.base import IdentityRouter, ModelRouter
+from modelyard.gateway import admin as gateway_admin
+from modelyard.gateway.base import ModelRouter
 from modelyard.manager.base import ModelProvider
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def build_app(
         redoc_url=None,
     )
     app.state.provider = provider
-    app.state.router = router or IdentityRouter()
+    app.state.router = router or _gateway_router(config)
     app.state.config = config
     app.state.ready = startup is None
     app.state.startup_error = None
@@ -78,7 +79,16 @@ def build_app(
     install_exception_handlers(app)
     for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings):
         app.include_router(module.router)
+    app.include_router(gateway_admin.router)
     return app
+
+
+def _gateway_router(config: ModelyardConfig) -> ModelRouter:
+    """The router of the config's gateway.routes (identity when none are configured)."""
+    from modelyard.gateway.config import GatewayConfig
+    from modelyard.gateway.router import build_router
+
+    return build_router(GatewayConfig.from_dict(config.gateway))
 
 
 async def _run_startup(app: FastAPI, startup: Callable[[], Awaitable[object]]) -> None:

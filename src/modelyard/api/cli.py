@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="load the catalog's preload models at start (default: yes)",
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
+    parser.add_argument(
+        "--allow-insecure",
+        action="store_true",
+        help="allow a non-loopback --host with authentication off (warns)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ModelyardConfig:
@@ -78,10 +83,20 @@ def build_catalog(path: str | None, engine: EngineDefaults, *, preload: bool) ->
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        _check_exposure(config, allow_insecure=getattr(args, "allow_insecure", False))
         return serve(config, preload=args.preload, log_level=args.log_level)
     except (ValueError, OSError) as exc:
         print(f"modelyard serve: {exc}", file=sys.stderr)
         return 2
+
+
+def _check_exposure(config: ModelyardConfig, *, allow_insecure: bool) -> None:
+    """ValueError for a non-loopback bind without auth, unless allowed (gateway/gateway.py)."""
+    from modelyard.gateway.config import GatewayConfig
+    from modelyard.gateway.gateway import check_exposure
+
+    gateway = GatewayConfig.from_dict(config.gateway)
+    check_exposure(config.server.host, gateway, allow_insecure=allow_insecure)
 
 
 def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "info") -> int:
@@ -92,7 +107,7 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
     from modelyard.api.app import build_app
     from modelyard.manager.manager import Manager, ManagerConfig
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     catalog = build_catalog(config.catalog, config.engine, preload=preload)
     try:
         manager_config = ManagerConfig(**dict(config.manager))

@@ -36,7 +36,10 @@ def build_middleware_stack(config: ModelyardConfig) -> list[Middleware]:
 
 def gateway_middleware(config: ModelyardConfig) -> list[Middleware]:
     """Auth and rate-limit middleware from config.gateway (filled in by the gateway part)."""
-    return []
+    from modelyard.gateway.config import GatewayConfig
+    from modelyard.gateway.middleware import build_gateway_middleware
+
+    return build_gateway_middleware(GatewayConfig.from_dict(config.gateway))
 
 
 class RequestIdMiddleware:

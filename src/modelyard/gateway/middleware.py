@@ -4,8 +4,9 @@ Per HTTP request (paths in `open_paths` skip both and get the anonymous principa
 1. `AuthMiddleware`: for a POST with a JSON body up to `max_body_bytes`, read the body once
    (replayed unchanged to the app) to learn the model name and `max_tokens`; authenticate
    (401); check the model against the principal's allow-list (403); put the `Principal` in
-   `scope[PRINCIPAL_SCOPE_KEY]` and a `GatewayRequest` in `scope[GATEWAY_REQUEST_KEY]`.
-2. `QuotaMiddleware`: create `scope[USAGE_SCOPE_KEY]` with the token estimate; ask the limit
+   `scope[PRINCIPAL_SCOPE_KEY]` and a `GatewayRequest` in `scope[GATEWAY_REQUEST_KEY]`. With
+   auth off, a Principal already in the scope (set by a trusted outer layer) is kept.
+2. `QuotaMiddleware`: create `scope[USAGE_SCOPE_KEY]` (or reuse one) with the token estimate; ask the limit
    store (429 with Retry-After and X-RateLimit-*; store down: fail open, or 503 when closed);
    run the app, adding the X-RateLimit-* headers to its response; when the response ends,
    settle the real token count (estimate refunded or topped up) and free the concurrency slot.
@@ -99,7 +100,7 @@ class AuthMiddleware:
             await self.app(scope, receive, self._closing_on_shutdown(send))
             return
         if scope["type"] != "http" or scope["path"] in self.open_paths:
-            scope[PRINCIPAL_SCOPE_KEY] = ANONYMOUS
+            scope.setdefault(PRINCIPAL_SCOPE_KEY, ANONYMOUS)
             await self.app(scope, receive, send)
             return
         scope[GATEWAY_KEY] = self.gateway
@@ -113,7 +114,10 @@ class AuthMiddleware:
         except GatewayError as error:
             await send_error(scope, send, error)
             return
-        scope[PRINCIPAL_SCOPE_KEY] = identity.principal
+        principal = identity.principal
+        if not self.gateway.authenticator.enabled:  # keep what a trusted outer layer set
+            principal = scope.get(PRINCIPAL_SCOPE_KEY) or principal
+        scope[PRINCIPAL_SCOPE_KEY] = principal
         estimate = self._estimate(body, size)
         scope[GATEWAY_REQUEST_KEY] = GatewayRequest(identity.quota, model, estimate)
         await self.app(scope, receive, send)
@@ -158,8 +162,10 @@ class QuotaMiddleware:
             await self.app(scope, receive, send)
             return
         tenant = scope[PRINCIPAL_SCOPE_KEY].tenant
-        usage = RequestUsage(model=request.model, estimated_tokens=request.estimated_tokens)
-        scope[USAGE_SCOPE_KEY] = usage
+        usage = scope.get(USAGE_SCOPE_KEY)
+        if not isinstance(usage, RequestUsage):
+            usage = scope[USAGE_SCOPE_KEY] = RequestUsage(model=request.model)
+        usage.estimated_tokens = request.estimated_tokens
         admitted, decision = await self._admit(scope, send, tenant, request)
         if not admitted:
             return
