@@ -6,10 +6,11 @@ Per HTTP request (paths in `open_paths` skip both and get the anonymous principa
    (401); check the model against the principal's allow-list (403); put the `Principal` in
    `scope[PRINCIPAL_SCOPE_KEY]` and a `GatewayRequest` in `scope[GATEWAY_REQUEST_KEY]`. With
    auth off, a Principal already in the scope (set by a trusted outer layer) is kept.
-2. `QuotaMiddleware`: create `scope[USAGE_SCOPE_KEY]` (or reuse one) with the token estimate; ask the limit
-   store (429 with Retry-After and X-RateLimit-*; store down: fail open, or 503 when closed);
-   run the app, adding the X-RateLimit-* headers to its response; when the response ends,
-   settle the real token count (estimate refunded or topped up) and free the concurrency slot.
+2. `QuotaMiddleware`: create (or reuse) `scope[USAGE_SCOPE_KEY]` with the token estimate;
+   ask the limit store (429 with Retry-After and X-RateLimit-*; store down: fail open, or
+   503 when closed); run the app, adding the X-RateLimit-* headers to its response; when the
+   response ends, settle the real token count (estimate refunded or topped up) and free the
+   concurrency slot.
 """
 
 from __future__ import annotations
