@@ -9,6 +9,7 @@ cache), the cache is rebuilt from the request's prompt + output tokens.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,14 +29,17 @@ class GenericModel:
         from transformers import AutoModelForCausalLM
 
         log.warning(
-            "%s has no native implementation: using the generic transformers path "
-            "(per-request caches, no batching; correct but slower)",
+            "%s runs on the generic transformers path "
+            "(per-request caches, no batching; correct but slower than native)",
             architecture,
         )
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         self.model.eval()  # type: ignore[no-untyped-call]
         self._caches: dict[str, Any] = {}  # request id -> DynamicCache
         self._lengths: dict[str, int] = {}  # request id -> tokens held by its cache
+        params = inspect.signature(self.model.forward).parameters
+        # transformers renamed past_key_values to cache; use whichever this version takes
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop the caches of finished or aborted requests."""
@@ -70,9 +74,9 @@ class GenericModel:
         ids = torch.tensor([tokens], dtype=torch.long)  # (1, n)
         out = self.model(
             input_ids=ids,
-            past_key_values=cache,
             use_cache=True,
             attention_mask=torch.ones((1, start + len(tokens)), dtype=torch.long),
+            **{self._cache_kwarg: cache},
         )
         self._lengths[rid] = start + len(tokens)
         logits: torch.Tensor = out.logits[0, -1].float()  # (V,)

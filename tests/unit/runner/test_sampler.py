@@ -1,0 +1,170 @@
+"""Sampler: each parameter's effect on hand-made logits, seeded reproducibility independent of
+batch mates, and logprobs equal to log_softmax of the raw logits."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from modelyard.engine.sampling_params import SamplingParams
+from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.runner.sampler import Sampler
+
+pytestmark = pytest.mark.unit
+
+V = 8
+EOS = 7
+
+
+def _req(
+    rid: str = "r",
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    **params: object,
+) -> ScheduledRequest:
+    return ScheduledRequest(
+        request_id=rid,
+        token_ids=[1],
+        start_position=0,
+        block_table=[0],
+        sample=True,
+        sampling_params=SamplingParams(**params).validate(),  # type: ignore[arg-type]
+        prompt_token_ids=prompt or [],
+        output_token_ids=output or [],
+    )
+
+
+def _logits(*rows: list[float]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+BASE = [1.0, 3.0, 2.0, 0.5, 0.0, -1.0, 2.5, 2.9]
+
+
+def _draws(req: ScheduledRequest, logits: list[float], n: int = 300) -> Counter[int]:
+    torch.manual_seed(0)  # unseeded rows use the global generator: keep the test stable
+    sampler = Sampler([EOS])
+    batch = _logits(*([logits] * n))
+    tokens, _ = sampler.sample(batch, [req] * n)
+    return Counter(tokens)
+
+
+def test_greedy_is_argmax_per_row() -> None:
+    logits = _logits(BASE, list(reversed(BASE)))
+    tokens, lps = Sampler([EOS]).sample(logits, [_req(temperature=0.0), _req(temperature=0.0)])
+    assert tokens == [1, 6]
+    assert lps == [None, None]
+
+
+def test_min_tokens_masks_eos_and_stop_ids() -> None:
+    logits = _logits(BASE, BASE)
+    logits[:, EOS] = 10.0
+    logits[:, 3] = 9.0
+    reqs = [
+        _req("a", output=[1], temperature=0.0, min_tokens=2, stop_token_ids=[3]),
+        _req("b", output=[1, 1], temperature=0.0, min_tokens=2, stop_token_ids=[3]),
+    ]
+    tokens, _ = Sampler([EOS]).sample(logits, reqs)
+    assert tokens == [1, EOS]  # a: EOS and 3 masked; b: reached min_tokens
+
+
+def test_repetition_penalty_covers_prompt_and_output() -> None:
+    tokens, _ = Sampler([EOS]).sample(
+        _logits(BASE), [_req(prompt=[1], output=[7], temperature=0.0, repetition_penalty=2.0)]
+    )
+    assert tokens == [6]  # 1 (3.0 -> 1.5) and 7 (2.9 -> 1.45) penalised; 6 (2.5) wins
+
+
+def test_negative_logits_are_multiplied_by_repetition_penalty() -> None:
+    logits = _logits([-1.0, -1.5, -9, -9, -9, -9, -9, -9])
+    tokens, _ = Sampler([EOS]).sample(
+        logits, [_req(prompt=[0], temperature=0.0, repetition_penalty=2.0)]
+    )
+    assert tokens == [1]  # -1.0 * 2 = -2.0 < -1.5
+
+
+def test_frequency_and_presence_penalties_use_output_only() -> None:
+    sampler = Sampler([EOS])
+    freq = _req(prompt=[6], output=[1, 1], temperature=0.0, frequency_penalty=0.1)
+    assert sampler.sample(_logits(BASE), [freq])[0] == [7]  # 3.0 - 0.2 = 2.8 < 2.9
+    pres = _req(prompt=[1], output=[7], temperature=0.0, presence_penalty=0.5)
+    assert sampler.sample(_logits(BASE), [pres])[0] == [1]  # prompt tokens are not penalised
+
+
+def test_top_k_keeps_only_k_tokens() -> None:
+    seen = _draws(_req(temperature=1.0, top_k=2), BASE)
+    assert set(seen) <= {1, 7}
+    assert len(seen) == 2
+
+
+def test_top_p_keeps_the_nucleus() -> None:
+    logits = [5.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # p(0)=0.72, p(1)=0.27
+    seen = _draws(_req(temperature=1.0, top_p=0.8), logits)
+    assert set(seen) == {0, 1}
+
+
+def test_min_p_drops_unlikely_tokens() -> None:
+    logits = [5.0, 4.5, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # p(2)/p(0) = e^-3 = 0.05
+    seen = _draws(_req(temperature=1.0, min_p=0.1), logits)
+    assert set(seen) == {0, 1}
+
+
+def test_low_temperature_concentrates_and_high_spreads() -> None:
+    cold = _draws(_req(temperature=0.01), BASE)  # 3.0 vs 2.9: e^-10 apart
+    hot = _draws(_req(temperature=5.0), BASE)
+    assert cold[1] >= 290
+    assert len(hot) >= 6
+
+
+def test_seed_is_reproducible_whatever_the_batch_mates() -> None:
+    def run(mates: int) -> list[int]:
+        sampler = Sampler([EOS])
+        out = []
+        for _ in range(10):
+            reqs = [_req(f"m{i}", temperature=1.0) for i in range(mates)]
+            reqs.insert(mates // 2, _req("seeded", temperature=1.0, seed=42))
+            logits = torch.randn(len(reqs), V)
+            logits[mates // 2] = torch.tensor(BASE)
+            tokens, _ = sampler.sample(logits, reqs)
+            out.append(tokens[mates // 2])
+        return out
+
+    alone = run(0)
+    assert run(5) == alone
+    assert run(2) == alone
+    assert len(set(alone)) > 1  # it does sample, not argmax
+
+
+def test_seeded_generator_continues_across_steps_and_is_forgotten() -> None:
+    sampler = Sampler([EOS])
+    req = _req("s", temperature=1.0, seed=7)
+    first = [sampler.sample(_logits(BASE), [req])[0][0] for _ in range(8)]
+    sampler.forget(["s"])
+    again = [sampler.sample(_logits(BASE), [req])[0][0] for _ in range(8)]
+    assert again == first  # a fresh generator restarts the same stream
+    other = Sampler([EOS])
+    assert [
+        other.sample(_logits(BASE), [_req("s", temperature=1.0, seed=8)])[0][0] for _ in range(8)
+    ] != first
+
+
+def test_logprobs_are_log_softmax_of_raw_logits() -> None:
+    logits = _logits(BASE, BASE)
+    reqs = [
+        _req("a", temperature=0.0, logprobs=3, repetition_penalty=2.0, prompt=[1]),
+        _req("b", temperature=0.0, logprobs=0),
+    ]
+    tokens, lps = Sampler([EOS]).sample(logits, reqs)
+    ref = torch.log_softmax(torch.tensor(BASE), dim=-1)
+    a, b = lps
+    assert a is not None
+    assert b is not None
+    assert a.token_id == tokens[0] == 7  # penalty changed the choice, not the logprobs
+    assert a.logprob == pytest.approx(float(ref[7]))
+    assert a.top_token_ids == [1, 7, 6]
+    assert a.top_logprobs == pytest.approx([float(ref[i]) for i in (1, 7, 6)])
+    assert b.token_id == 1
+    assert b.top_token_ids == []
+    assert b.logprob == pytest.approx(float(ref[1]))
