@@ -137,15 +137,24 @@ def engine_config_for(spec: ModelSpec) -> Any:
 class ProcessLoader:
     """The real loader: a worker process per model."""
 
-    def __init__(self, start_method: str = "forkserver", ready_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        start_method: str = "forkserver",
+        preload: tuple[str, ...] = (),
+        ready_timeout_s: float = 300.0,
+    ) -> None:
         self.start_method = start_method
+        self.preload = preload
         self.ready_timeout_s = ready_timeout_s
 
     async def load(self, spec: ModelSpec) -> LoadedModel:
         if spec.kind.is_llm:
             return await self._load_llm(spec)
         return await WorkerProcess.start(
-            spec, start_method=self.start_method, ready_timeout_s=self.ready_timeout_s
+            spec,
+            start_method=self.start_method,
+            preload=self.preload,
+            ready_timeout_s=self.ready_timeout_s,
         )
 
     async def _load_llm(self, spec: ModelSpec) -> LoadedModel:

@@ -64,6 +64,7 @@ class ManagerConfig:
     sweep_interval_s: float = 1.0  # keep_alive check period
     measure_memory: bool = True  # replace the estimate by the worker's RSS after load
     worker_start_method: str = "forkserver"  # multiprocessing start method for workers
+    worker_preload: tuple[str, ...] = ("torch",)  # imported once by the forkserver
 
     def __post_init__(self) -> None:
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
@@ -84,7 +85,11 @@ class Manager:
     ) -> None:
         self.catalog = catalog
         self.config = config
-        self.loader = loader or ProcessLoader(start_method=config.worker_start_method)
+        self.loader = loader or ProcessLoader(
+            start_method=config.worker_start_method,
+            preload=tuple(config.worker_preload),
+            ready_timeout_s=config.load_timeout_s,
+        )
         self.budget_bytes = config.memory_budget_bytes or default_budget_bytes(
             config.budget_fraction
         )
@@ -329,8 +334,10 @@ class Manager:
         entries = self._entries.values()
         loaded = [e.describe_loaded() for e in entries if e.state is State.LOADED]
         used = sum(e.bytes for e in entries if e.state is State.LOADED)
+        available = [e.describe_spec() for e in entries]
         return {
-            "available_models": [e.describe_spec() for e in entries],
+            "models": available,  # the same list under the key api/routes/openai.py reads
+            "available_models": available,
             "loaded_models": loaded,
             "memory": {
                 "budget_bytes": self.budget_bytes,

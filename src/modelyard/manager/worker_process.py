@@ -42,12 +42,14 @@ _WATCH_INTERVAL_S = 0.1
 _contexts: dict[str, BaseContext] = {}
 
 
-def worker_context(start_method: str = "forkserver") -> BaseContext:
-    """The multiprocessing context for workers (forkserver preloads the worker module)."""
+def worker_context(start_method: str = "forkserver", preload: tuple[str, ...] = ()) -> BaseContext:
+    """The multiprocessing context for workers. forkserver preloads the worker module and
+    `preload` (e.g. "torch": each worker then forks with torch imported, saving seconds per
+    load); the first call in a process fixes the preload list."""
     if start_method not in _contexts:
         ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            ctx.set_forkserver_preload(["modelyard.manager.worker_main"])
+            ctx.set_forkserver_preload(["modelyard.manager.worker_main", *preload])
         _contexts[start_method] = ctx
     return _contexts[start_method]
 
@@ -71,7 +73,12 @@ class WorkerProcess:
 
     @classmethod
     async def start(
-        cls, spec: ModelSpec, *, start_method: str = "forkserver", ready_timeout_s: float = 300.0
+        cls,
+        spec: ModelSpec,
+        *,
+        start_method: str = "forkserver",
+        preload: tuple[str, ...] = (),
+        ready_timeout_s: float = 300.0,
     ) -> WorkerProcess:
         """Spawn and wait until the backend loaded; ModelLoadError when it cannot."""
         if spec.kind.is_llm:
@@ -80,7 +87,7 @@ class WorkerProcess:
         conn: AsyncZmqConnection[ToWorker, FromWorker] = AsyncZmqConnection(
             addresses, Codec(ToWorker), Codec(FromWorker)
         )
-        ctx = worker_context(start_method)
+        ctx = worker_context(start_method, preload)
         process = ctx.Process(  # type: ignore[attr-defined]
             target=worker_main, args=(spec, addresses), name=f"modelyard-{spec.id}", daemon=True
         )

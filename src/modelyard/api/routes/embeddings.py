@@ -1,7 +1,63 @@
-"""Placeholder router (the manager part fills it in)."""
+"""`POST /v1/embeddings` (OpenAI shape) over the manager's embedding models.
+
+Request: `{"model", "input": str | [str], "encoding_format": "float"|"base64", "user"?}`.
+Token-array inputs are refused (400): the embedding models tokenize themselves. `usage` counts
+whitespace-separated words (the worker does not report token counts). Errors use the OpenAI
+envelope (api/errors.py handlers).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import base64
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from modelyard.api.errors import APIError
+from modelyard.backends.inputs import as_list
+from modelyard.manager.base import ModelKind
 
 router = APIRouter()
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str  # catalog id, name or alias of an embedding model
+    input: str | list[Any]  # one text or a list of texts
+    encoding_format: Literal["float", "base64"] = "float"  # base64: little-endian float32
+    user: str | None = None  # ignored (OpenAI compatibility)
+    dimensions: int | None = None  # refused unless equal to the model's dimension
+
+
+@router.post("/v1/embeddings")
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+    texts = as_list(body.input)
+    if not all(isinstance(text, str) for text in texts):
+        raise APIError(400, "input must be a string or a list of strings", param="input")
+    provider = request.app.state.provider
+    async with provider.lease(body.model) as lease:
+        if lease.kind != ModelKind.EMBEDDING:
+            raise APIError(400, f"{body.model} is not an embedding model", param="model")
+        vectors = await lease.predictor.predict(texts, {})
+    if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
+        raise APIError(400, f"dimensions must be {len(vectors[0])}", param="dimensions")
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(vector, body.encoding_format)}
+        for i, vector in enumerate(vectors)
+    ]
+    words = sum(len(text.split()) for text in texts)
+    return {
+        "object": "list",
+        "data": data,
+        "model": lease.model_id,
+        "usage": {"prompt_tokens": words, "total_tokens": words},
+    }
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector
