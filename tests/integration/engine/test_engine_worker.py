@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 import pytest_asyncio
+from engine_helpers import engine_config, hf_greedy
 
-from conftest import engine_config, hf_greedy
 from modelyard.engine.async_llm import AsyncLLM
 from modelyard.engine.client import EngineCoreClient
 from modelyard.engine.messages import FinishReason

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from engine_helpers import hf_greedy
 
 import modelyard
-from conftest import hf_greedy
 from modelyard.engine.llm import LLM
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.sampling_params import SamplingParams
