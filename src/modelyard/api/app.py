@@ -33,6 +33,8 @@ from modelyard.config import ModelyardConfig
 from modelyard.gateway import admin as gateway_admin
 from modelyard.gateway.base import ModelRouter
 from modelyard.manager.base import ModelProvider
+from modelyard.observability import routes as metrics_routes
+from modelyard.observability.collectors import register_provider_stats
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_run_startup(app, startup)) if startup else None
+        unregister_stats = register_provider_stats(provider)  # engine gauges at /metrics
         try:
             yield
         finally:
@@ -59,6 +62,7 @@ def build_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            unregister_stats()
             if close_provider:
                 await provider.close()
 
@@ -80,6 +84,7 @@ def build_app(
     for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings):
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
+    app.include_router(metrics_routes.router)
     return app
 
 

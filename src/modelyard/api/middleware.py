@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.api.errors import APIError, error_body_for_path
 from modelyard.config import ModelyardConfig
+from modelyard.observability.http import observability_middleware
 
 REQUEST_ID_SCOPE_KEY = "modelyard.request_id"
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -26,6 +27,7 @@ _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 def build_middleware_stack(config: ModelyardConfig) -> list[Middleware]:
     """The middleware list for FastAPI(middleware=...), outermost first."""
     stack = [Middleware(RequestIdMiddleware)]
+    stack.extend(observability_middleware())  # access log + HTTP metrics (observability/)
     # ---- GATEWAY SLOT: the gateway part (gateway/) inserts its pure-ASGI middleware here:
     # ---- authentication (sets scope[PRINCIPAL_SCOPE_KEY]) then rate limiting.
     stack.extend(gateway_middleware(config))

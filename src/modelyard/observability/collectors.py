@@ -112,3 +112,15 @@ def register_engine_stats_source(source: EngineStatsSource) -> Callable[[], None
 def refresh_engine_metrics() -> None:
     """Update the engine gauges and counters from every registered source (scrape time)."""
     ENGINE_STATS.refresh()
+
+
+def register_provider_stats(provider: object) -> Callable[[], None]:
+    """Register `provider.engine_stats()` (a `{model_id: SchedulerStats}` of its loaded LLMs)
+    when the model provider has one; returns the unregister function (a no-op otherwise).
+
+    The app calls this at startup and the returned function at shutdown.
+    """
+    source = getattr(provider, "engine_stats", None)
+    if not callable(source):
+        return lambda: None
+    return register_engine_stats_source(source)
