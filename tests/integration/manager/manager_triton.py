@@ -16,7 +16,11 @@ import httpx
 
 MODEL_PY = """
 import sys
-sys.path.insert(0, {site!r})
+# the stub's isolated interpreter finds the system's stdlib (/usr/lib/python3.11) and other
+# site-packages (numpy 2.x); use the stdlib of the Python it links and the venv (PEERS.md)
+stdlib = {stdlib!r}
+keep = [p for p in sys.path if "site-packages" not in p and not p.startswith("/usr/lib/python")]
+sys.path[:] = [{site!r}, stdlib, stdlib + "/lib-dynload", *keep]
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -57,7 +61,8 @@ def write_repository(root: Path) -> Path:
     repo = root / "repo"
     (repo / "doubler" / "1").mkdir(parents=True)
     (repo / "doubler" / "config.pbtxt").write_text(CONFIG)
-    model_py = MODEL_PY.format(site=str(site_packages()))
+    stdlib = sysconfig.get_paths()["stdlib"]
+    model_py = MODEL_PY.format(site=str(site_packages()), stdlib=stdlib)
     (repo / "doubler" / "1" / "model.py").write_text(textwrap.dedent(model_py))
     return repo
 
@@ -70,7 +75,11 @@ def start_triton(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     stub = server / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
     shutil.copy(stub, server / "backends" / "python" / "triton_python_backend_stub")
     libdir = sysconfig.get_config_var("LIBDIR")
-    env = {"LD_LIBRARY_PATH": f"{site / 'nvidia_pytriton.libs'}:{libdir}", "PATH": "/usr/bin:/bin"}
+    env = {
+        "LD_LIBRARY_PATH": f"{site / 'nvidia_pytriton.libs'}:{libdir}",
+        "PATH": "/usr/bin:/bin",
+        "PYTHONHOME": sys.base_prefix,  # the stub's stdlib must match the libpython it loads
+    }
     http, grpc, metrics = free_port(), free_port(), free_port()
     repo = write_repository(root)
     cmd = [
@@ -85,8 +94,8 @@ def start_triton(root: Path) -> tuple[subprocess.Popen[bytes], str]:
         "--metrics-address=127.0.0.1",
         f"--metrics-port={metrics}",
     ]
-    log = open(root / "triton.log", "wb")  # noqa: SIM115 (kept open for the process)
-    process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(root / "triton.log", "wb") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"127.0.0.1:{http}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
