@@ -160,7 +160,7 @@ class Manager:
         if entry.state is State.LOADED:
             model = self._detach(entry, "explicit")
             if model is not None:
-                await self._stop(model, 0)
+                await self._stop(model, entry.bytes_at_detach)
 
     async def _acquire(self, entry: Entry) -> Any:
         counted = False
@@ -174,7 +174,7 @@ class Manager:
                     return entry.model
                 dead = self._detach(entry, "crash")
                 if dead is not None:
-                    await self._stop(dead, 0)
+                    await self._stop(dead, entry.bytes_at_detach)
                 continue
             if not counted:
                 self._count("misses", metrics.MODEL_CACHE_MISSES, entry.spec.id)

@@ -155,11 +155,13 @@ async def test_keep_alive_unloads_idle_models(loader: FakeLoader) -> None:
 
 
 async def test_crashed_model_reloads_on_next_lease(loader: FakeLoader) -> None:
-    manager = manager_for(loader, "a")
+    manager = manager_for(loader, "a", "b")
     await use(manager, "a")
     loader.models["a"].alive = False
     await use(manager, "a")
     assert loader.loads == ["a", "a"]
+    await use(manager, "b")  # the crashed worker's bytes were returned to the budget
+    assert loaded_ids(manager) == {"a", "b"}
     await manager.close()
 
 
@@ -185,14 +187,18 @@ async def test_loading_a_never_delays_a_loaded_b() -> None:
     await manager.close()
 
 
-async def test_unknown_model_and_explicit_unload(loader: FakeLoader) -> None:
-    manager = manager_for(loader, "a")
+async def test_unknown_model_and_explicit_unload_frees_the_budget(loader: FakeLoader) -> None:
+    manager = manager_for(loader, "a", "b", "c")
     with pytest.raises(ModelNotFoundError):
         await use(manager, "nope")
     await manager.load("a")
     await manager.unload("a")
     assert loaded_ids(manager) == set()
     assert manager.state("a") is State.UNLOADED
+    await use(manager, "b")
+    await use(manager, "c")  # fits without evicting b: the unloaded a's bytes came back
+    assert loaded_ids(manager) == {"b", "c"}
+    assert manager.stats["evictions"] == 1  # only the explicit unload
     await manager.close()
 
 
