@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from gw_helpers import RsaSigner
+from gw_servers import GatewayServers
 
-from conftest import GatewayServers
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 
 pytestmark = pytest.mark.e2e
