@@ -101,8 +101,11 @@ class Entry:
             "pin": self.spec.pin,
         }
         if isinstance(self.model, LLMModel):
-            stats = self.model.llm.stats()
-            info["engine"] = {f: getattr(stats, f) for f in stats.__struct_fields__}
+            try:
+                stats = self.model.llm.stats()
+                info["engine"] = {f: getattr(stats, f) for f in stats.__struct_fields__}
+            except Exception as exc:  # a dead engine must not break the listing
+                info["engine"] = {"error": str(exc)}
         return info
 
 

@@ -305,14 +305,19 @@ class Manager:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.config.sweep_interval_s)
-            now = time.monotonic()
-            for entry in list(self._entries.values()):
-                ttl = entry.spec.keep_alive_s or self.config.default_keep_alive_s
-                expired = ttl is not None and now - entry.last_used > ttl
-                if entry.state is State.LOADED and entry.is_idle and expired:
-                    model = self._detach(entry, "keep_alive")
-                    if model is not None:
-                        self._stop_later(model, entry.bytes_at_detach)
+            try:
+                self._expire_idle(time.monotonic())
+            except Exception:  # the sweeper must outlive any one bad entry
+                log.exception("keep_alive sweep failed")
+
+    def _expire_idle(self, now: float) -> None:
+        for entry in list(self._entries.values()):
+            ttl = entry.spec.keep_alive_s or self.config.default_keep_alive_s
+            expired = ttl is not None and now - entry.last_used > ttl
+            if entry.state is State.LOADED and entry.is_idle and expired:
+                model = self._detach(entry, "keep_alive")
+                if model is not None:
+                    self._stop_later(model, entry.bytes_at_detach)
 
     # ------------------------------------------------------------------ waiting
     def _wake(self) -> None:

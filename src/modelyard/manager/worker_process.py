@@ -99,8 +99,8 @@ class WorkerProcess:
         worker = cls(spec, process, conn)
         try:
             ready = await asyncio.wait_for(asyncio.shield(worker._ready), ready_timeout_s)
-        except (TimeoutError, ModelLoadError) as exc:
-            await worker.stop()
+        except BaseException as exc:  # failed, timed out or cancelled: never leave a process
+            await asyncio.shield(worker.stop(timeout_s=2.0))
             if isinstance(exc, TimeoutError):
                 raise ModelLoadError(f"{spec.id}: not ready after {ready_timeout_s} s") from exc
             raise
