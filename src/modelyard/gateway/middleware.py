@@ -3,7 +3,8 @@
 Per HTTP request (paths in `open_paths` skip both and get the anonymous principal):
 1. `AuthMiddleware`: for a POST with a JSON body up to `max_body_bytes`, read the body once
    (replayed unchanged to the app) to learn the model name and `max_tokens`; authenticate
-   (401); check the model against the principal's allow-list (403); put the `Principal` in
+   (401); check the model against the principal's allow-list (403; 413 when a larger body hides
+   the model from a tenant with an allow-list); put the `Principal` in
    `scope[PRINCIPAL_SCOPE_KEY]` and a `GatewayRequest` in `scope[GATEWAY_REQUEST_KEY]`. With
    auth off, a Principal already in the scope (set by a trusted outer layer) is kept.
 2. `QuotaMiddleware`: create (or reuse) `scope[USAGE_SCOPE_KEY]` with the token estimate;
@@ -59,17 +60,22 @@ def _replaying(messages: list[Message], receive: Receive) -> Receive:
     return replay
 
 
+TOO_LARGE = object()  # a JSON body over max_body_bytes: not read, the model is unknown
+
+
 async def _peek_json(scope: Scope, receive: Receive, limit: int) -> tuple[Any, int, Receive]:
-    """(parsed JSON or None, body bytes read, a receive that replays what was read)."""
+    """(parsed JSON, None or TOO_LARGE; body bytes; a receive that replays what was read)."""
     headers = dict(scope["headers"])
     content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
     declared = headers.get(b"content-length", b"0")
-    too_big = declared.isdigit() and int(declared) > limit
-    if scope["method"] != "POST" or "json" not in content_type or too_big:
-        return None, int(declared) if declared.isdigit() else 0, receive
+    size = int(declared) if declared.isdigit() else 0
+    if scope["method"] != "POST" or "json" not in content_type:
+        return None, size, receive
+    if size > limit:
+        return TOO_LARGE, size, receive
     messages: list[Message] = []
     chunks: list[bytes] = []
-    size = 0
+    size = 0  # counted from the bytes received from here on
     while True:
         message = await receive()
         messages.append(message)
@@ -78,7 +84,7 @@ async def _peek_json(scope: Scope, receive: Receive, limit: int) -> tuple[Any, i
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > limit:
-            return None, size, _replaying(messages, receive)
+            return TOO_LARGE, size, _replaying(messages, receive)
         if not message.get("more_body", False):
             break
     try:
@@ -100,6 +106,9 @@ class AuthMiddleware:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._closing_on_shutdown(send))
             return
+        if scope["type"] == "websocket" and scope["path"] not in self.open_paths:
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http" or scope["path"] in self.open_paths:
             scope.setdefault(PRINCIPAL_SCOPE_KEY, ANONYMOUS)
             await self.app(scope, receive, send)
@@ -109,6 +118,14 @@ class AuthMiddleware:
         try:
             identity = await self.gateway.authenticator.authenticate(dict(scope["headers"]))
             model = self._model_name(scope, body)
+            restricted = identity.principal.allowed_models is not None
+            if model is None and body is TOO_LARGE and restricted:
+                raise GatewayError(
+                    413,
+                    "body too large to check the model",
+                    "body_too_large",
+                    "invalid_request_error",
+                )
             if model is not None and not identity.principal.may_use(model):
                 self.gateway.usage.record_rejection(identity.principal.tenant, "model")
                 raise forbidden(f"tenant may not use model {model!r}", code="model_not_allowed")
@@ -121,6 +138,16 @@ class AuthMiddleware:
         scope[PRINCIPAL_SCOPE_KEY] = principal
         estimate = self._estimate(body, size)
         scope[GATEWAY_REQUEST_KEY] = GatewayRequest(identity.quota, model, estimate)
+        await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """WebSockets authenticate like HTTP; a refusal closes with 1008 (policy violation)."""
+        try:
+            identity = await self.gateway.authenticator.authenticate(dict(scope["headers"]))
+        except GatewayError:
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        scope[PRINCIPAL_SCOPE_KEY] = identity.principal
         await self.app(scope, receive, send)
 
     def _closing_on_shutdown(self, send: Send) -> Send:

@@ -13,9 +13,11 @@ import httpx
 import pytest
 from gw_helpers import RsaSigner, build_fake_app, write_jwks
 
+from modelyard.gateway.base import PRINCIPAL_SCOPE_KEY
 from modelyard.gateway.config import GatewayConfig
 from modelyard.gateway.gateway import build_gateway, check_exposure
 from modelyard.gateway.keys import KeyRecord, hash_key, new_record
+from modelyard.gateway.middleware import AuthMiddleware
 from modelyard.observability.metrics import RATE_LIMIT_REJECTIONS, TENANT_REQUESTS
 
 pytestmark = pytest.mark.unit
@@ -236,3 +238,93 @@ def test_check_exposure(caplog: pytest.LogCaptureFixture) -> None:
     with_key = DictKeyStore()
     with_key.add(new_record("acme")[1])
     check_exposure("0.0.0.0", config, key_store=with_key)  # auth is on: fine
+
+
+async def test_websocket_needs_credentials(tmp_path: Path, signer: RsaSigner) -> None:
+    keys = DictKeyStore()
+    key, record = new_record("acme")
+    keys.add(record)
+    gateway = build_gateway(_config(write_jwks(tmp_path / "jwks.json", signer)), key_store=keys)
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope[PRINCIPAL_SCOPE_KEY].tenant)
+
+    middleware = AuthMiddleware(app, gateway=gateway)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    scope = {"type": "websocket", "path": "/ws", "headers": []}
+    await middleware(scope, receive, send)
+    assert sent == [{"type": "websocket.close", "code": 1008}]
+    assert seen == []
+    scope = {"type": "websocket", "path": "/ws", "headers": [(b"x-api-key", key.encode())]}
+    await middleware(scope, receive, send)
+    assert seen == ["acme"]
+
+
+async def _call(app: Any, scope: dict[str, Any], chunks: list[bytes]) -> tuple[int, bytes]:
+    pending = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+    out: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return pending.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        out.append(message)
+
+    await app(scope, receive, send)
+    return out[0]["status"], b"".join(m.get("body", b"") for m in out[1:])
+
+
+async def test_chunked_body_is_replayed_and_large_bodies_hide_no_model(tmp_path: Path) -> None:
+    keys = DictKeyStore()
+    narrow_key, narrow = new_record("acme", models=("chat",))
+    open_key, wide = new_record("acme")
+    keys.add(narrow)
+    keys.add(wide)
+    config = GatewayConfig.from_dict({"max_body_bytes": 300, "keys": {"cache_ttl_s": 0}})
+    seen: list[bytes] = []
+
+    async def echo(scope: Any, receive: Any, send: Any) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        seen.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    gateway = build_gateway(config, key_store=keys)
+    app = AuthMiddleware(echo, gateway=gateway)
+
+    def scope(key: str) -> dict[str, Any]:
+        headers = [(b"content-type", b"application/json"), (b"x-api-key", key.encode())]
+        return {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": headers,
+        }
+
+    body = json.dumps(
+        {"model": "chat", "messages": [{"role": "user", "content": "x" * 50}]}
+    ).encode()
+    chunks = [body[:10], body[10:40], body[40:]]
+    assert await _call(app, scope(narrow_key), chunks) == (200, body)
+    other = body.replace(b'"chat"', b'"other"')
+    assert (await _call(app, scope(narrow_key), [other]))[0] == 403
+    big = json.dumps({"model": "other", "messages": [{"content": "x" * 400}]}).encode()
+    status, payload = await _call(app, scope(narrow_key), [big[:100], big[100:]])
+    assert status == 413  # too large to check the allow-list
+    assert json.loads(payload)["error"]["code"] == "body_too_large"
+    assert await _call(app, scope(open_key), [big[:100], big[100:]]) == (200, big)
+    assert seen == [body, big]
