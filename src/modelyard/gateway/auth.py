@@ -8,21 +8,25 @@ starts with `my-` is an API key; anything else is verified as a JWT (when JWT is
 - JWT: the tenant comes from the configured claim and must be listed under `gateway.tenants`
   (otherwise 403 unknown tenant).
 
-Errors are `GatewayError`s: 401 for missing/invalid credentials, 403 for an unknown tenant.
+Errors are `GatewayError`s: 401 for missing/invalid credentials, 403 for an unknown tenant,
+503 when the key store or the JWKS cannot be reached (a server fault, not the caller's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from modelyard.gateway.base import ANONYMOUS, Principal
 from modelyard.gateway.config import GatewayConfig, Quota, TenantConfig
-from modelyard.gateway.errors import GatewayError, forbidden, unauthorized
-from modelyard.gateway.jwt_auth import JwtError, JwtVerifier
+from modelyard.gateway.errors import GatewayError, forbidden, unauthorized, unavailable
+from modelyard.gateway.jwt_auth import JwksUnavailable, JwtError, JwtVerifier
 from modelyard.gateway.keys import KEY_PREFIX, KeyRecord, KeyStore
+
+log = logging.getLogger("modelyard.gateway")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +100,11 @@ class Authenticator:
         return await self._from_jwt(self.jwt, credential)
 
     async def _from_key(self, key: str) -> Identity:
-        record = await self.keys.find(key) if self.keys is not None else None
+        try:
+            record = await self.keys.find(key) if self.keys is not None else None
+        except Exception as exc:  # sqlite3.Error, RedisError, OSError: the store, not the key
+            log.error("API key store unavailable: %s: %s", type(exc).__name__, exc)
+            raise unavailable("credential store unavailable") from exc
         if record is None:
             raise unauthorized("invalid API key")
         tenant = self.config.tenants.get(record.tenant) or TenantConfig(name=record.tenant)
@@ -115,6 +123,9 @@ class Authenticator:
         try:
             claims = await verifier.verify(token)
             tenant_id = verifier.tenant_of(claims)
+        except JwksUnavailable as exc:
+            log.error("JWT keys unavailable: %s", exc.__cause__ or exc)
+            raise unavailable("token keys unavailable") from exc
         except JwtError as exc:
             raise unauthorized(str(exc)) from exc
         tenant = self.config.tenants.get(tenant_id)

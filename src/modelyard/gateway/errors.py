@@ -34,6 +34,10 @@ def forbidden(message: str, code: str = "permission_denied") -> GatewayError:
     return GatewayError(403, message, code, "permission_error")
 
 
+def unavailable(message: str) -> GatewayError:
+    return GatewayError(503, message, "unavailable", "server_error", (("retry-after", "1"),))
+
+
 def error_body(path: str, error: GatewayError) -> bytes:
     if path.startswith("/v2/") or path == "/v2":
         return json.dumps({"error": error.message}).encode()

@@ -24,6 +24,10 @@ class JwtError(Exception):
     """The token is not acceptable (message says why; safe to return to the client)."""
 
 
+class JwksUnavailable(JwtError):
+    """The JWKS could not be fetched and no cached key fits: a server-side failure (503)."""
+
+
 def _fetcher(config: JwtConfig) -> Callable[[], Awaitable[dict[str, Any]]]:
     if config.jwks_file is not None:
         path = Path(config.jwks_file).expanduser()
@@ -70,7 +74,7 @@ class JwksCache:
             try:
                 data = await self._fetch()
             except Exception as exc:
-                raise JwtError(f"JWKS unavailable: {type(exc).__name__}") from exc
+                raise JwksUnavailable(f"JWKS unavailable: {type(exc).__name__}") from exc
             finally:
                 self._fetched_at = self._clock()
                 self.refreshes += 1
@@ -89,7 +93,11 @@ class JwksCache:
             self._fetched_at is None or now - self._fetched_at >= self.config.refresh_min_interval_s
         )
         if stale or (kid not in self._keys and may_refresh):
-            await self._refresh()
+            try:
+                await self._refresh()
+            except JwksUnavailable:
+                if kid not in self._keys:
+                    raise  # otherwise keep verifying with the cached key set
         if kid is None and len(self._keys) == 1:
             return next(iter(self._keys.values()))
         key = self._keys.get(kid)

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.gateway.base import ANONYMOUS, PRINCIPAL_SCOPE_KEY, USAGE_SCOPE_KEY, RequestUsage
 from modelyard.gateway.config import GatewayConfig, Quota
-from modelyard.gateway.errors import GatewayError, forbidden, send_error
+from modelyard.gateway.errors import GatewayError, forbidden, send_error, unavailable
 from modelyard.gateway.gateway import Gateway, build_gateway
 from modelyard.gateway.ratelimit import LimitDecision, StoreUnavailable, token_cost
 from modelyard.observability.metrics import RATE_LIMIT_STORE_ERRORS
@@ -234,8 +234,7 @@ class QuotaMiddleware:
                 log.warning("rate-limit store unavailable, failing open: %s", exc)
                 return True, None
             log.error("rate-limit store unavailable, failing closed (503): %s", exc)
-            error = GatewayError(503, "rate limiter unavailable", "unavailable", "server_error")
-            await send_error(scope, send, error, [("retry-after", "1")])
+            await send_error(scope, send, unavailable("rate limiter unavailable"))
             return False, None
         if not decision.allowed:
             self.gateway.usage.record_rejection(tenant, decision.refused.label)

@@ -9,7 +9,7 @@ import pytest
 from gw_helpers import AUDIENCE, ISSUER, RsaSigner, write_jwks
 
 from modelyard.gateway.config import JwtConfig
-from modelyard.gateway.jwt_auth import JwksCache, JwtError, JwtVerifier
+from modelyard.gateway.jwt_auth import JwksCache, JwksUnavailable, JwtError, JwtVerifier
 
 pytestmark = pytest.mark.unit
 
@@ -101,3 +101,17 @@ async def test_algorithm_not_in_allow_list(tmp_path, signers) -> None:
     verifier = _verifier(write_jwks(tmp_path / "jwks.json", signers[0]), algorithms=("ES256",))
     with pytest.raises(JwtError, match="algorithm"):
         await verifier.verify(signers[0].token())
+
+
+async def test_jwks_outage_keeps_cached_keys_and_reports_unavailable(tmp_path, signers) -> None:
+    path = write_jwks(tmp_path / "jwks.json", signers[0])
+    clock = [0.0]
+    config = JwtConfig(jwks_file=str(path), audience=AUDIENCE, issuer=ISSUER, cache_ttl_s=60)
+    verifier = JwtVerifier(config, JwksCache(config, clock=lambda: clock[0]))
+    await verifier.verify(signers[0].token())
+    path.unlink()  # the IdP goes away
+    clock[0] = 120.0  # the cache is stale: the refresh fails, the cached key still verifies
+    await verifier.verify(signers[0].token())
+    clock[0] = 240.0
+    with pytest.raises(JwksUnavailable):
+        await verifier.verify(signers[1].token())  # a kid we never had: cannot verify

@@ -328,3 +328,18 @@ async def test_chunked_body_is_replayed_and_large_bodies_hide_no_model(tmp_path:
     assert json.loads(payload)["error"]["code"] == "body_too_large"
     assert await _call(app, scope(open_key), [big[:100], big[100:]]) == (200, big)
     assert seen == [body, big]
+
+
+async def test_key_store_failure_is_503_not_500(tmp_path: Path, signer: RsaSigner) -> None:
+    class BrokenStore(DictKeyStore):
+        def find(self, key: str) -> KeyRecord | None:
+            raise OSError("disk gone")
+
+    config = _config(write_jwks(tmp_path / "jwks.json", signer))
+    app = build_fake_app(config, key_store=BrokenStore())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        response = await c.post(
+            "/v1/chat/completions", json={"model": "chat"}, headers={"x-api-key": "my-key"}
+        )
+    assert _openai_error(response, 503)["code"] == "unavailable"
+    assert response.headers["retry-after"] == "1"
