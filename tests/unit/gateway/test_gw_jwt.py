@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from gw_helpers import AUDIENCE, ISSUER, RsaSigner, write_jwks
 
 from modelyard.gateway.config import JwtConfig
@@ -115,3 +118,21 @@ async def test_jwks_outage_keeps_cached_keys_and_reports_unavailable(tmp_path, s
     clock[0] = 240.0
     with pytest.raises(JwksUnavailable):
         await verifier.verify(signers[1].token())  # a kid we never had: cannot verify
+
+
+async def test_es256_token(tmp_path) -> None:
+    private = ec.generate_private_key(ec.SECP256R1())
+    jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(private.public_key()))
+    jwk.update(kid="ec1", alg="ES256")
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [jwk]}))
+    verifier = _verifier(path)
+    now = int(time.time())
+    claims = {"tenant": "beta", "aud": AUDIENCE, "iss": ISSUER, "exp": now + 60}
+    token = jwt.encode(claims, private, algorithm="ES256", headers={"kid": "ec1"})
+    assert verifier.tenant_of(await verifier.verify(token)) == "beta"
+    forged = jwt.encode(
+        claims, ec.generate_private_key(ec.SECP256R1()), algorithm="ES256", headers={"kid": "ec1"}
+    )
+    with pytest.raises(JwtError):
+        await verifier.verify(forged)
