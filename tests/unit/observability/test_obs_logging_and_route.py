@@ -98,3 +98,28 @@ async def test_metrics_route_renders_prometheus_text_with_engine_gauges() -> Non
     assert r.headers["content-type"].startswith("text/plain")
     assert 'modelyard:num_requests_waiting{model="route-test-model"} 4.0' in r.text
     assert "# TYPE modelyard:time_to_first_token_seconds histogram" in r.text
+
+
+def test_configure_logging_installs_one_handler(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelyard.observability.logging import configure_logging
+
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    try:
+        configure_logging(json=True)
+        configure_logging(json=True)  # idempotent: replaces its own handler
+        ours = [h for h in root.handlers if h.get_name() == "modelyard"]
+        assert len(ours) == 1
+        assert isinstance(ours[0].formatter, JsonFormatter)
+        logging.getLogger("modelyard.test").info("hi", extra={"fields": {"request_id": "r-9"}})
+        line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+        assert line["msg"] == "hi"
+        assert line["request_id"] == "r-9"
+        configure_logging(json=False)
+        ours = [h for h in root.handlers if h.get_name() == "modelyard"]
+        assert isinstance(ours[0].formatter, TextFormatter)
+    finally:
+        for h in [h for h in root.handlers if h.get_name() == "modelyard"]:
+            root.removeHandler(h)
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
