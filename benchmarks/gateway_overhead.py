@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import shutil
 import socket
@@ -239,6 +240,8 @@ async def main(n: int, warmup: int) -> dict[str, Any]:
         "warmup": warmup,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),  # shared machines: context
         "targets_us": {"memory_p50_overhead": 1000, "redis_p50_overhead": 2000},
         "variants": results,
     }

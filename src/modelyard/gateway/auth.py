@@ -88,6 +88,7 @@ class Authenticator:
         self.enabled = enabled
         self.keys = keys
         self.jwt = jwt
+        self._identities: dict[KeyRecord, Identity] = {}  # records are frozen: safe to memoize
 
     async def authenticate(self, headers: dict[bytes, bytes]) -> Identity:
         if not self.enabled:
@@ -107,6 +108,14 @@ class Authenticator:
             raise unavailable("credential store unavailable") from exc
         if record is None:
             raise unauthorized("invalid API key")
+        identity = self._identities.get(record)
+        if identity is None:
+            if len(self._identities) > 10_000:
+                self._identities.clear()
+            identity = self._identities[record] = self._key_identity(record)
+        return identity
+
+    def _key_identity(self, record: KeyRecord) -> Identity:
         tenant = self.config.tenants.get(record.tenant) or TenantConfig(name=record.tenant)
         models = frozenset(record.models) if record.models is not None else tenant.models
         principal = Principal(

@@ -10,6 +10,8 @@ Decision order for `route(requested, principal)`:
 4. the target list: primary, then the stable target (when primary differs), then the fallbacks;
 5. health: targets reported failing within `failure_cooldown_s` move to the end of the list;
    if that changes the primary the reason becomes `fallback`.
+Metrics: ROUTE_DECISIONS{requested, target, reason}; names outside the table count as
+requested="*", target="*" (clients choose them: no unbounded label sets).
 Handlers lease `targets[0]` and fall back in order, calling `report_failure(model_id)` when a
 target is overloaded or failing so that the next decisions skip it for a while.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from modelyard.gateway.base import IdentityRouter, ModelRouter, Principal, RouteDecision
 from modelyard.gateway.config import GatewayConfig, ModelRoute, RoutesConfig
@@ -44,6 +47,7 @@ class WeightedRouter:
             for alias in route.aliases:
                 self._by_name[alias] = (route, True)
         self._failed_until: dict[str, float] = {}
+        self._counters: dict[tuple[str, str, str], Any] = {}  # labelled ROUTE_DECISIONS
 
     def report_failure(self, model_id: str) -> None:
         """`model_id` is overloaded or failing: rank it last for `failure_cooldown_s`."""
@@ -83,7 +87,14 @@ class WeightedRouter:
             targets = self._healthy_first(list(dict.fromkeys(ordered)))
             if targets[0] != primary:
                 reason = "fallback"
-        ROUTE_DECISIONS.labels(requested, targets[0], reason).inc()
+        # names outside the table are client-chosen: one series for all of them, not one each
+        labels = (requested, targets[0], reason) if found is not None else ("*", "*", reason)
+        counter = self._counters.get(labels)
+        if counter is None:
+            if len(self._counters) > 10_000:  # bounded: clients choose `requested`
+                self._counters.clear()
+            counter = self._counters[labels] = ROUTE_DECISIONS.labels(*labels)
+        counter.inc()
         return RouteDecision(requested=requested, targets=targets, reason=reason)
 
 

@@ -29,6 +29,7 @@ class UsageTracker:
 
     def __init__(self) -> None:
         self._tenants: dict[str, TenantUsage] = {}
+        self._request_counters: dict[str, Any] = {}  # labelled children, looked up once
         self.started_at = time.time()
 
     def _get(self, tenant: str) -> TenantUsage:
@@ -39,7 +40,10 @@ class UsageTracker:
 
     def record_request(self, tenant: str) -> None:
         self._get(tenant).requests += 1
-        TENANT_REQUESTS.labels(tenant).inc()
+        counter = self._request_counters.get(tenant)
+        if counter is None:
+            counter = self._request_counters[tenant] = TENANT_REQUESTS.labels(tenant)
+        counter.inc()
 
     def record_tokens(self, tenant: str, prompt: int, completion: int) -> None:
         usage = self._get(tenant)

@@ -150,7 +150,10 @@ def test_tenant_override_wins_over_canary_and_alias_resolves() -> None:
     aliased = router.route("gpt-4o-mini", Principal(tenant="other"))
     assert aliased.targets[0] == "chat-v2"
     assert aliased.reason == "canary"
+    unrouted = ROUTE_DECISIONS.labels("*", "*", "direct")
+    before = unrouted._value.get()
     assert router.route("unknown-model", Principal(tenant="t")).targets == ["unknown-model"]
+    assert unrouted._value.get() - before == 1  # client-chosen names share one series
 
 
 class NoCanary(random.Random):
