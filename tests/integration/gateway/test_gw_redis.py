@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -130,3 +131,33 @@ async def test_redis_stopped_mid_test(private_redis: RedisServer, policy: str, s
     finally:
         await client.aclose()
         await gateway.close()
+
+
+def test_keys_cli_with_redis_backend_from_config(
+    redis_server: RedisServer, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`modelyard keys --config FILE` with `keys.backend: redis`: create, list, revoke."""
+    from modelyard.cli import build_parser
+    from modelyard.gateway import cli
+
+    config = tmp_path / "modelyard.yaml"
+    config.write_text(f"gateway:\n  redis_url: {redis_server.url}\n  keys: {{backend: redis}}\n")
+
+    def run(*argv: str) -> int:
+        args = build_parser().parse_args(["keys", "--config", str(config), *argv])
+        return cli.run(args)
+
+    assert run("create", "--tenant", "cli-redis", "--rpm", "9", "--json") == 0
+    created = json.loads(capsys.readouterr().out)
+    store = RedisKeyStore(redis_server.url)
+    try:
+        record = store.find(created["key"])
+        assert record is not None
+        assert (record.tenant, record.rpm) == ("cli-redis", 9)
+        assert run("list") == 0
+        assert created["key_id"] in capsys.readouterr().out
+        assert run("revoke", created["key_id"]) == 0
+        assert store.find(created["key"]) is None
+        assert run("create", "--tenant", "x", "--rpm", "0") == 2  # validated
+    finally:
+        store.client.close()
