@@ -125,6 +125,12 @@ class ModelLease:
         return self.spec.kind
 
     @property
+    def pid(self) -> int | None:
+        """The worker's process id (None when unknown, e.g. an engine without one)."""
+        pid: int | None = getattr(self._model, "pid", None)
+        return pid
+
+    @property
     def metadata(self) -> dict[str, Any]:
         metadata: dict[str, Any] = self._model.metadata
         return metadata

@@ -62,12 +62,12 @@ async def test_crashed_worker_fails_in_flight_then_recovers() -> None:
     manager = manager_of(entry)
     try:
         async with manager.lease("echo") as lease:
-            first_pid = lease._model.pid  # type: ignore[attr-defined]
+            first_pid = lease.pid
             with pytest.raises(ModelUnavailableError, match="exited"):
                 await lease.predictor.predict(["boom"])
         async with manager.lease("echo") as lease:  # the next request reloads
             assert await lease.predictor.predict(["two words"]) == [[9.0, 2.0]]
-            assert lease._model.pid != first_pid  # type: ignore[attr-defined]
+            assert lease.pid != first_pid
         assert manager.stats["loads"] == 2
     finally:
         await manager.close()
@@ -82,7 +82,7 @@ async def test_unload_returns_memory_and_api_rss_stays_flat(tmp_path: Path) -> N
     try:
         for _ in range(20):
             async with manager.lease("tiny") as lease:
-                pid = lease._model.pid  # type: ignore[attr-defined]
+                pid = lease.pid
                 (out,) = await lease.predictor.predict([x])
             assert out["y"]["data"] == [1.0, 4.0, 7.0]
             await manager.unload("tiny")
