@@ -212,6 +212,11 @@ class AsyncLLM:
         return self._client
 
     @property
+    def pid(self) -> int | None:
+        """The engine worker's process id (the manager measures its RSS)."""
+        return self._client.pid
+
+    @property
     def is_alive(self) -> bool:
         return self._client.is_alive
 

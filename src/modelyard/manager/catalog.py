@@ -204,8 +204,9 @@ def resolve_source(source: str) -> Path:
 
 
 def cache_dir() -> Path:
-    """Where derived artifacts (ONNX exports) are cached: $MODELYARD_CACHE or ~/.cache/modelyard."""
-    root = os.environ.get("MODELYARD_CACHE") or os.path.expanduser("~/.cache/modelyard")
+    """Where derived artifacts (ONNX exports) are cached: $MODELYARD_CACHE_DIR or
+    ~/.cache/modelyard (the same root as the GGUF conversions)."""
+    root = os.environ.get("MODELYARD_CACHE_DIR") or os.path.expanduser("~/.cache/modelyard")
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path

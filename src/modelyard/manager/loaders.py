@@ -105,10 +105,7 @@ class LLMModel:
                 return int(psutil.Process(self.pid).memory_info().rss)
             except psutil.Error:
                 return None
-        # AsyncLLM exposes no pid yet: fall back to EngineReady.rss_bytes (measured at load).
-        ready = getattr(getattr(self.llm, "_client", None), "ready", None)
-        rss = getattr(ready, "rss_bytes", None)
-        return rss if isinstance(rss, int) else None
+        return None
 
     async def stop(self) -> None:
         await self.llm.shutdown()

@@ -44,11 +44,9 @@ class ResolvedModel:
 
 
 def default_cache_dir() -> Path:
-    """`$MODELYARD_CACHE_DIR` or `~/.cache/modelyard/converted` (read at the edge only)."""
-    env = os.environ.get("MODELYARD_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "modelyard" / "converted"
+    """`$MODELYARD_CACHE_DIR/converted`, by default `~/.cache/modelyard/converted`."""
+    root = os.environ.get("MODELYARD_CACHE_DIR") or str(Path.home() / ".cache" / "modelyard")
+    return Path(root) / "converted"
 
 
 def resolve_source_path(source: str) -> Path:

@@ -24,7 +24,8 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("converted")
+    # $MODELYARD_CACHE_DIR/converted, as default_cache_dir() lays it out
+    return tmp_path_factory.mktemp("cache") / "converted"
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_greedy_chat_matches_generate(
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    monkeypatch.setenv("MODELYARD_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("MODELYARD_CACHE_DIR", str(cache_dir.parent))
     runner = ModelRunner(
         ModelConfig(model=DEFAULT_MODEL, dtype=dtype),  # type: ignore[arg-type]
         CacheConfig(num_blocks=64),
