@@ -108,6 +108,9 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
     from modelyard.manager.manager import Manager, ManagerConfig
 
     console = Console(stderr=True, soft_wrap=True)
+    from modelyard.observability.logging import configure_logging
+
+    configure_logging()  # JSON lines (text on a terminal), incl. one access-log line per request
     catalog = build_catalog(config.catalog, config.engine, preload=preload)
     try:
         manager_config = ManagerConfig(**dict(config.manager))

@@ -88,6 +88,17 @@ def test_bench_report_and_server_ttft_histogram_agree(
 def test_request_id_echoed_and_errors_counted(server: ServerProcess, tmp_path: Path) -> None:
     r = httpx.get(server.url + "/health", headers={"X-Request-ID": "e2e-obs-1"}, timeout=10)
     assert r.headers["x-request-id"] == "e2e-obs-1"
+    # the server's stderr is a file, so its access log is JSON lines
+    lines = [json.loads(x) for x in server.log().splitlines() if x.startswith("{")]
+    access = [x for x in lines if x.get("logger") == "modelyard.access"]
+    mine = [x for x in access if x.get("request_id") == "e2e-obs-1"]
+    assert len(mine) == 1
+    assert mine[0]["status"] == 200
+    assert mine[0]["route"] == "/health"
+    assert mine[0]["tenant"] == "anonymous"
+    chats = [x for x in access if x.get("route") == "/v1/chat/completions"]
+    assert chats
+    assert all(x["model"] == E2E_MODEL and x["latency_ms"] > 0 for x in chats if x["status"] == 200)
     report = _bench(
         server.url, tmp_path, "--num-requests", "2", "--output-len", "4", "--no-plots",
         "--model", "no-such-model",
