@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import signal
 import sys
 import time
 from typing import Any
@@ -141,9 +142,20 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
     )
     _print_banner(console, config, wanted)
     uvicorn_server = uvicorn.Server(uv_config)
-    asyncio.run(uvicorn_server.serve())
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the previous handler; a
+    # no-op handler there makes a drained shutdown exit 0 instead of dying by the signal.
+    previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        asyncio.run(uvicorn_server.serve())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     console.print("modelyard stopped")
     return 0
+
+
+def _drained(signum: int, frame: object) -> None:
+    """The signal was already handled by uvicorn's graceful shutdown."""
 
 
 def _print_banner(console: Any, config: ModelyardConfig, wanted: list[str]) -> None:
