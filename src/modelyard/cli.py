@@ -20,19 +20,23 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or (only=NAME) one whose other subcommands are not imported."""
     parser = argparse.ArgumentParser(prog="modelyard", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub)
+        if only is None or name == only:
+            importlib.import_module(module_name).add_arguments(sub)
         sub.set_defaults(_module=module_name)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    only = chosen if chosen in SUBCOMMANDS else "-"  # "-": import none for top-level help
+    args = build_parser(only).parse_args(argv)
     module = importlib.import_module(args._module)
     result: int = module.run(args)
     return result

@@ -202,6 +202,7 @@ async def open_generation(
             except FALLBACK_ERRORS as exc:
                 await stack.aclose()
                 last_error = exc
+                state.router.report_failure(target)
                 log.info("target %s of %r failed (%s); trying the next", target, requested, exc)
                 continue
             except BaseException:

@@ -40,6 +40,7 @@ from modelyard.engine.messages import (
     WorkerMessage,
 )
 from modelyard.transport.base import Codec, SyncConnection
+from modelyard.transport.signals import ignore_group_signals
 from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Core(Protocol):
 
 def run_engine_worker(config: EngineConfig, addresses: IpcAddresses) -> None:
     """Process entry: load, announce readiness, serve until Shutdown; exit status says how."""
+    ignore_group_signals()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     conn: SyncZmqConnection[WorkerMessage, EngineCommand] = SyncZmqConnection(
         addresses, WORKER_MESSAGE_CODEC, COMMAND_CODEC

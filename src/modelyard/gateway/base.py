@@ -59,9 +59,16 @@ class RouteDecision:
 class ModelRouter(Protocol):
     def route(self, requested: str, principal: Principal) -> RouteDecision: ...
 
+    def report_failure(self, model_id: str) -> None:
+        """A target was overloaded or failing; the router may rank it last for a while."""
+        ...
+
 
 class IdentityRouter:
     """No routing configured: the requested name goes to the manager as it is."""
 
     def route(self, requested: str, principal: Principal) -> RouteDecision:
         return RouteDecision(requested=requested, targets=[requested], reason="direct")
+
+    def report_failure(self, model_id: str) -> None:
+        """Nothing to rank: the identity router has one target."""

@@ -37,10 +37,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from modelyard.engine.messages import SchedulerStats
 from modelyard.manager.base import ModelLoadError, ModelUnavailableError
 from modelyard.manager.catalog import Catalog, ModelSpec
 from modelyard.manager.entries import Entry, ModelLease, State
 from modelyard.manager.loaders import (
+    LLMModel,
     ModelLoader,
     ProcessLoader,
     default_budget_bytes,
@@ -352,6 +354,14 @@ class Manager:
             },
             "stats": dict(self.stats),
             "ready": self.ready,
+        }
+
+    def engine_stats(self) -> dict[str, SchedulerStats]:
+        """The latest scheduler snapshot of every loaded LLM (read at /metrics scrape time)."""
+        return {
+            e.spec.id: e.model.llm.stats()
+            for e in self._entries.values()
+            if e.state is State.LOADED and isinstance(e.model, LLMModel)
         }
 
     def spec(self, name: str) -> ModelSpec:

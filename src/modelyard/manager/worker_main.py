@@ -28,6 +28,7 @@ from modelyard.manager.worker_messages import (
     WorkerReady,
 )
 from modelyard.transport.base import Codec
+from modelyard.transport.signals import ignore_group_signals
 from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
 
 _IDLE_POLL_S = 0.5  # how often an idle worker checks that its parent lives
@@ -38,6 +39,7 @@ def worker_main(spec: ModelSpec, addresses: IpcAddresses) -> None:
     """Process entry point (must stay importable at module level for spawn/forkserver)."""
     from modelyard.backends import create_backend
 
+    ignore_group_signals()
     conn: SyncZmqConnection[FromWorker, ToWorker] = SyncZmqConnection(
         addresses, Codec(FromWorker), Codec(ToWorker)
     )

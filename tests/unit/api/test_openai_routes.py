@@ -242,20 +242,28 @@ async def test_error_after_first_byte_is_an_error_event(
 
 
 class FallbackRouter:
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
     def route(self, requested: str, principal: Principal) -> RouteDecision:
         return RouteDecision(requested=requested, targets=["busy", "gone", "m"], reason="fallback")
+
+    def report_failure(self, model_id: str) -> None:
+        self.failed.append(model_id)
 
 
 async def test_fallback_to_next_target_before_first_byte(llm: FakeLLM) -> None:
     busy = FakeLLM(name="busy", overload=True)
     provider = FakeProvider({"busy": busy, "gone": llm, "m": llm}, unavailable={"gone"})
-    app = build_app(provider, ModelyardConfig(), router=FallbackRouter())
+    router = FallbackRouter()
+    app = build_app(provider, ModelyardConfig(), router=router)
     async with make_client(app) as c:
         r = await c.post("/v1/chat/completions", json={**CHAT, "model": "alias"})
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "m"
     assert r.headers["x-modelyard-route"] == "alias->busy;fallback"
     assert len(busy.calls) == 1
+    assert router.failed == ["busy", "gone"]  # the router hears which targets failed
     assert provider.active == 0  # every lease released
 
 

@@ -9,7 +9,7 @@ import pytest
 from modelyard.engine.messages import SchedulerStats
 from modelyard.manager.base import ModelKind
 from modelyard.manager.catalog import Catalog, ModelSpec
-from modelyard.manager.loaders import LLMModel, engine_config_for
+from modelyard.manager.loaders import LLMModel, admission_limits_for, engine_config_for
 from modelyard.manager.manager import Manager, ManagerConfig
 
 pytestmark = pytest.mark.unit
@@ -67,6 +67,7 @@ async def test_lease_gives_the_engine_and_describe_shows_its_stats() -> None:
             _ = lease.predictor
     (loaded,) = manager.describe()["loaded_models"]
     assert loaded["engine"]["num_free_blocks"] == 60
+    assert manager.engine_stats() == {"chat": loader.llms[0].stats()}
     await manager.close()
     assert loader.llms[0].shut
 
@@ -88,3 +89,14 @@ def test_engine_options_come_from_the_catalog() -> None:
     assert config.cache.kv_cache_bytes == 64 * MB
     assert config.scheduler.max_num_seqs == 8
     assert config.scheduler.max_num_batched_tokens == 256
+
+
+def test_admission_limits_and_unknown_engine_options() -> None:
+    spec = chat_spec(options={"max_waiting_requests": 4, "max_waiting_prompt_tokens": 900})
+    assert admission_limits_for(spec) == {
+        "max_waiting_requests": 4,
+        "max_waiting_prompt_tokens": 900,
+    }
+    assert admission_limits_for(chat_spec()) == {}
+    with pytest.raises(ValueError, match="max_num_seq"):
+        engine_config_for(chat_spec(options={"max_num_seq": 8}))
