@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
+from e2e_server import E2E_MODEL, ServerProcess
 
-from conftest import E2E_MODEL, ServerProcess
 from modelyard.cli import main
 
 pytestmark = pytest.mark.e2e
