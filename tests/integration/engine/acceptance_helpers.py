@@ -96,13 +96,15 @@ class EngineRun:
 def run_core(
     core: EngineCore,
     prompts: dict[str, list[int]],
-    params: SamplingParams = GREEDY,
+    params: SamplingParams | dict[str, SamplingParams] = GREEDY,
     max_steps: int = 2000,
 ) -> EngineRun:
-    """Add every prompt at once, step until all finished; collect the outputs."""
+    """Add every prompt at once (in order), step until all finished; collect the outputs.
+    `params` is one for all, or one per request id."""
     for request_id, ids in prompts.items():
+        own = params[request_id] if isinstance(params, dict) else params
         core.add_request(
-            EngineRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params)
+            EngineRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=own)
         )
     run = EngineRun(tokens={rid: [] for rid in prompts})
     while core.has_unfinished_requests():
