@@ -59,13 +59,21 @@ async def closed_loop(one: Any, prompts: list[list[int]], concurrency: int) -> d
 
 async def run_inprocess(args: argparse.Namespace, prompts: dict[int, list[list[int]]]) -> Any:
     from modelyard.engine.async_llm import AsyncLLM
-
     from modelyard.engine.config import EngineConfig, ModelConfig
     from modelyard.engine.sampling_params import SamplingParams
 
-    llm = await AsyncLLM.start(
-        EngineConfig(model=ModelConfig(model=SOURCE, dtype=args.dtype)), model_name=MODEL_ID
+    # the same engine settings as the default catalog's entry that `modelyard serve` uses
+    from modelyard.manager.catalog import load_catalog
+    from modelyard.manager.loaders import engine_config_for
+
+    spec = load_catalog(None).resolve(MODEL_ID)
+    config = engine_config_for(spec)
+    config = EngineConfig(
+        model=ModelConfig(**{**config.model.__dict__, "dtype": args.dtype}),
+        cache=config.cache,
+        scheduler=config.scheduler,
     )
+    llm = await AsyncLLM.start(config, model_name=MODEL_ID)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, ignore_eos=True)
     counter = iter(range(10**9))
 
