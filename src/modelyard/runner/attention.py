@@ -1,14 +1,18 @@
 """Paged attention over a mixed batch (prefill chunks + decodes) on CPU.
 
-The KV cache of one layer is a pair of tensors of shape (num_blocks, block_size, num_kv_heads,
-head_dim). A request's block table lists the physical blocks of its positions in order; the slot
-of position p is `block_table[p // block_size] * block_size + p % block_size`.
+The KV cache of one layer is a pair of tensors of shape (num_kv_heads, num_blocks, block_size,
+head_dim): heads first, so gathering a request's blocks yields (nkv, L, hd) per request,
+contiguous, the layout the attention matmuls read directly. A request's block table lists the
+physical blocks of its positions in order; the slot of position p is
+`block_table[p // block_size] * block_size + p % block_size` (slots index dim 1 of the
+(nkv, num_blocks * block_size, hd) view).
 
 `AttentionMetadata.build` turns one step's requests into index tensors ONCE per step (slot
 mapping, padded block tables, masks); `paged_attention` then runs per layer with tensor ops only:
 1. write the new K/V into their slots (one index_copy_ per tensor);
 2. decodes (one new token each) attend together: gather their blocks with one index_select and
-   run one batched scaled_dot_product_attention with a padding mask;
+   run one grouped attention (`grouped_decode_attention`): the g query heads sharing a KV head
+   attend as g query rows of that head, so K/V are never repeated per query head;
 3. each prefill chunk attends alone: a chunk starting at position 0 uses its own new K/V with a
    causal mask (no cache read); a later chunk gathers its cached blocks with an offset mask.
 """
@@ -40,9 +44,21 @@ class AttentionMetadata:
     positions: torch.Tensor  # (T,) long: position of each new token
     slot_mapping: torch.Tensor  # (T,) long: flat cache slot of each new token
     decode_rows: torch.Tensor  # (D,) long: rows of single-token requests in the flat batch
-    decode_block_ids: torch.Tensor  # (D, nb_max) long: padded block tables (pad = block 0)
+    decode_block_ids: torch.Tensor  # (D * nb_max,) long: padded block tables (pad = block 0)
     decode_mask: torch.Tensor  # (D, 1, 1, nb_max * block_size) bool, True = attend
     prefills: list[PrefillChunk]  # multi-token chunks, attended one by one
+    all_decodes: bool  # every row is a decode, in order: decode_rows is 0..T-1
+    decode_rows_of_heads: torch.Tensor | None = None  # (nkv * D * nb_max,) see decode_gather_ids
+
+    def decode_gather_ids(self, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
+        """Rows of the (nkv * NB, bs, hd) cache view holding the decodes' blocks, head-major.
+
+        Computed at the first layer and reused by the others (every layer's cache has the same
+        shape); gathering along dim 0 is about twice as fast as index_select along dim 1.
+        """
+        if self.decode_rows_of_heads is None:
+            self.decode_rows_of_heads = _head_rows(self.decode_block_ids, num_kv_heads, num_blocks)
+        return self.decode_rows_of_heads
 
     @staticmethod
     def build(
@@ -53,39 +69,47 @@ class AttentionMetadata:
         sliding_window: int | None = None,
     ) -> AttentionMetadata:
         """Index tensors for requests i with `lengths[i]` new tokens from `starts[i]`."""
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
+        positions: list[int] = []
+        slots: list[int] = []
         decode_rows: list[int] = []
         decode_tables: list[Sequence[int]] = []
-        decode_positions: list[int] = []
         prefills: list[PrefillChunk] = []
         row = 0
         for start, n, table in zip(starts, lengths, block_tables, strict=True):
             total = start + n
             nb = (total + block_size - 1) // block_size
-            blocks = torch.tensor(list(table[:nb]), dtype=torch.long)  # (nb,)
-            pos = torch.arange(start, total, dtype=torch.long)  # (n,)
-            positions.append(pos)
-            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+            positions.extend(range(start, total))
+            slots.extend(_slots(table, start, total, block_size))
             if n == 1:
                 decode_rows.append(row)
                 decode_tables.append(table[:nb])
-                decode_positions.append(start)
             else:
+                blocks = torch.tensor(list(table[:nb]), dtype=torch.long)  # (nb,)
                 mask = _chunk_mask(start, n, nb * block_size, sliding_window)
                 prefills.append(PrefillChunk(row, n, start, blocks, mask))
             row += n
+        decode_positions = [positions[r] for r in decode_rows]
         decode_ids, decode_mask = _decode_tensors(
             decode_tables, decode_positions, block_size, sliding_window
         )
         return AttentionMetadata(
-            positions=torch.cat(positions),
-            slot_mapping=torch.cat(slots),
+            positions=torch.tensor(positions, dtype=torch.long),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long),
             decode_block_ids=decode_ids,
             decode_mask=decode_mask,
             prefills=prefills,
+            all_decodes=not prefills,
         )
+
+
+def _slots(table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    """Flat cache slots of positions [start, end), one range per block touched."""
+    out: list[int] = []
+    for b in range(start // block_size, (end + block_size - 1) // block_size):
+        base = table[b] * block_size - b * block_size  # slot of position p is base + p
+        out.extend(range(base + max(start, b * block_size), base + min(end, (b + 1) * block_size)))
+    return out
 
 
 def _chunk_mask(start: int, n: int, width: int, window: int | None) -> torch.Tensor | None:
@@ -106,18 +130,16 @@ def _decode_tensors(
     block_size: int,
     window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded (D, nb_max) block ids and (D, 1, 1, nb_max * block_size) mask."""
+    """Flat padded (D * nb_max,) block ids and (D, 1, 1, nb_max * block_size) bool mask."""
     d = len(tables)
     nb_max = max((len(t) for t in tables), default=0)
-    ids = torch.zeros((d, nb_max), dtype=torch.long)
-    for i, t in enumerate(tables):
-        ids[i, : len(t)] = torch.tensor(list(t), dtype=torch.long)
+    ids = [b for t in tables for b in (*t, *([0] * (nb_max - len(t))))]
     q_pos = torch.tensor(list(positions), dtype=torch.long).unsqueeze(1)  # (D, 1)
     k_pos = torch.arange(nb_max * block_size).unsqueeze(0)  # (1, L)
-    mask = k_pos <= q_pos
+    allowed = k_pos <= q_pos
     if window is not None:
-        mask &= k_pos > q_pos - window
-    return ids, mask.view(d, 1, 1, nb_max * block_size)
+        allowed &= k_pos > q_pos - window
+    return torch.tensor(ids, dtype=torch.long), allowed.view(d, 1, 1, nb_max * block_size)
 
 
 def paged_attention(
@@ -129,13 +151,16 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q (T, nh, hd), k/v (T, nkv, hd) new tokens; caches (NB, bs, nkv, hd) -> (T, nh, hd)."""
-    _num_blocks, _block_size, nkv, hd = k_cache.shape
-    k_cache.view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, v)
+    """q (T, nh, hd), k/v (T, nkv, hd) new tokens; caches (nkv, NB, bs, hd) -> (T, nh, hd)."""
+    nkv, _num_blocks, _block_size, hd = k_cache.shape
+    k_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    if meta.all_decodes:
+        return _decode_attention(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)  # (T, nh, hd)
     if meta.decode_rows.numel():
-        out[meta.decode_rows] = _decode_attention(q, k_cache, v_cache, meta, scale)
+        qd = q.index_select(0, meta.decode_rows)
+        out[meta.decode_rows] = _decode_attention(qd, k_cache, v_cache, meta, scale)
     for chunk in meta.prefills:
         rows = slice(chunk.row_start, chunk.row_start + chunk.num_tokens)
         qc = q[rows].transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
@@ -146,8 +171,9 @@ def paged_attention(
                 qc, kc, vc, is_causal=True, scale=scale, enable_gqa=True
             )
         else:
-            kc = _gather(k_cache, chunk.block_ids.unsqueeze(0))  # (1, nkv, L, hd)
-            vc = _gather(v_cache, chunk.block_ids.unsqueeze(0))
+            rows_of_heads = _head_rows(chunk.block_ids, nkv, k_cache.shape[1])
+            kc = _gather(k_cache, rows_of_heads).unsqueeze(0)  # (1, nkv, L, hd)
+            vc = _gather(v_cache, rows_of_heads).unsqueeze(0)
             o = F.scaled_dot_product_attention(
                 qc, kc, vc, attn_mask=chunk.mask, scale=scale, enable_gqa=True
             )
@@ -155,26 +181,50 @@ def paged_attention(
     return out
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """(NB, bs, nkv, hd) cache, (B, nb) block ids -> (B, nkv, nb * bs, hd) keys or values."""
-    b, nb = block_ids.shape
-    _, bs, nkv, hd = cache.shape
-    picked = cache.index_select(0, block_ids.reshape(-1))  # (B * nb, bs, nkv, hd)
-    return picked.view(b, nb * bs, nkv, hd).transpose(1, 2)
+def _head_rows(block_ids: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
+    """(n,) block ids -> (nkv * n,) rows of the (nkv * NB, bs, hd) cache view, head-major."""
+    offsets = torch.arange(num_kv_heads, dtype=torch.long).unsqueeze(1) * num_blocks  # (nkv, 1)
+    return (block_ids.unsqueeze(0) + offsets).view(-1)
+
+
+def _gather(cache: torch.Tensor, head_rows: torch.Tensor) -> torch.Tensor:
+    """(nkv, NB, bs, hd) cache, rows from `_head_rows` -> (nkv, n * bs, hd), contiguous."""
+    nkv, num_blocks, bs, hd = cache.shape
+    return cache.view(nkv * num_blocks, bs, hd).index_select(0, head_rows).view(nkv, -1, hd)
 
 
 def _decode_attention(
-    q: torch.Tensor,
+    qd: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Single-token queries of all decodes at once -> (D, nh, hd)."""
-    qd = q.index_select(0, meta.decode_rows).unsqueeze(2)  # (D, nh, 1, hd)
-    kd = _gather(k_cache, meta.decode_block_ids)  # (D, nkv, L, hd)
-    vd = _gather(v_cache, meta.decode_block_ids)
+    """Single-token queries (D, nh, hd) of all decodes at once -> (D, nh, hd)."""
+    nkv, num_blocks, _bs, hd = k_cache.shape
+    d = qd.shape[0]
+    rows_of_heads = meta.decode_gather_ids(nkv, num_blocks)
+    kd = _gather(k_cache, rows_of_heads).view(nkv, d, -1, hd)  # (nkv, D, L, hd)
+    vd = _gather(v_cache, rows_of_heads).view(nkv, d, -1, hd)
+    return grouped_decode_attention(
+        qd, kd.transpose(0, 1), vd.transpose(0, 1), meta.decode_mask, scale
+    )
+
+
+def grouped_decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query token per request with grouped KV heads, without repeating K/V.
+
+    q (D, nh, hd); k/v (D, nkv, L, hd) (any strides with the last dim contiguous); mask
+    (D, 1, 1, L) bool, True = attend, at least one True per request. Query head h uses KV head
+    h // g (g = nh // nkv, as SDPA's enable_gqa). The g query heads of a KV head are passed as
+    g query rows of that head, all under the request's mask: one (D, nkv, g, L) attention
+    instead of (D, nh, 1, L) with K/V repeated or re-read per query head. Returns (D, nh, hd).
+    """
+    d, nh, hd = q.shape
+    nkv = k.shape[1]
     o = F.scaled_dot_product_attention(
-        qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-    )  # (D, nh, 1, hd)
-    return o.squeeze(2)
+        q.view(d, nkv, nh // nkv, hd), k, v, attn_mask=mask, scale=scale
+    )
+    return o.reshape(d, nh, hd)

@@ -85,7 +85,7 @@ class LlamaModel:
         ]
         del state
         self.cos, self.sin = _rotary_tables(config, self.head_dim, dtype, max_model_len)  # (P, hd)
-        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
 

@@ -1,0 +1,142 @@
+"""Paged attention against plain torch SDPA on contiguous, unpaged K/V: grouped decode attention
+(GQA, padded lengths, sliding window, fp32 and bf16) and whole mixed steps (decodes + a fresh
+prefill chunk + a chunk continuing a cached prefix) through `paged_attention`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modelyard.runner.attention import AttentionMetadata, grouped_decode_attention, paged_attention
+
+pytestmark = pytest.mark.unit
+
+NKV, GROUP, HD, BS = 2, 3, 8, 4
+NH = NKV * GROUP
+SCALE = HD**-0.5
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """q (n, nh, hd) at positions [start, start + n); k/v (start + n, nkv, hd) -> (n, nh, hd)."""
+    n, total = q.shape[0], k.shape[0]
+    mask = torch.arange(total).unsqueeze(0) <= torch.arange(start, start + n).unsqueeze(1)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0).double(),
+        k.transpose(0, 1).unsqueeze(0).double(),
+        v.transpose(0, 1).unsqueeze(0).double(),
+        attn_mask=mask,
+        scale=SCALE,
+        enable_gqa=True,
+    )
+    return o.squeeze(0).transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_decode_matches_sdpa_with_gqa_and_padding(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    lengths = [1, 7, 24, 13, 2]  # keys per request; the rest of the 24 columns is padding
+    d, width = len(lengths), max(lengths)
+    q = torch.randn(d, NH, HD).to(dtype)
+    k = torch.randn(NKV, d, width, HD).to(dtype).transpose(0, 1)  # strided, as gathered
+    v = torch.randn(NKV, d, width, HD).to(dtype).transpose(0, 1)
+    allowed = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # (D, L)
+    mask = allowed.view(d, 1, 1, width)
+    out = grouped_decode_attention(q, k, v, mask, SCALE)
+    assert out.dtype == dtype
+    assert out.shape == (d, NH, HD)
+    ref = F.scaled_dot_product_attention(
+        q.double().unsqueeze(2),
+        k.double(),
+        v.double(),
+        attn_mask=mask,
+        scale=SCALE,
+        enable_gqa=True,
+    ).squeeze(2)  # (D, nh, hd)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+    if dtype == torch.bfloat16:  # the same kernel as SDPA's own GQA: identical bits
+        same = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k, v, attn_mask=mask, scale=SCALE, enable_gqa=True
+        ).squeeze(2)
+        torch.testing.assert_close(out, same, atol=0, rtol=0)
+    # padding really is ignored: garbage beyond each length changes nothing
+    padding = ~allowed.view(d, 1, width, 1)
+    k2, v2 = k.masked_fill(padding, 1e4), v.masked_fill(padding, -1e4)
+    torch.testing.assert_close(grouped_decode_attention(q, k2, v2, mask, SCALE), out)
+
+
+def _cache(num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(NKV, num_blocks, BS, HD), torch.zeros(NKV, num_blocks, BS, HD)
+
+
+def _write_history(
+    caches: tuple[torch.Tensor, torch.Tensor], table: list[int], k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Store positions [0, len(k)) of one request as if earlier steps had written them."""
+    for p in range(k.shape[0]):
+        block, offset = table[p // BS], p % BS
+        caches[0][:, block, offset] = k[p]
+        caches[1][:, block, offset] = v[p]
+
+
+def test_mixed_step_matches_unpaged_sdpa() -> None:
+    """Decodes, a fresh prefill and a continued prefill in one flat batch, scattered blocks."""
+    torch.manual_seed(1)
+    rng = random.Random(1)
+    starts = [9, 0, 5, 30, 10]  # cached tokens before this step
+    lengths = [1, 6, 1, 1, 7]  # new tokens this step (1 = decode)
+    free = list(range(1, 40))
+    rng.shuffle(free)
+    tables = []
+    for s, n in zip(starts, lengths, strict=True):
+        nb = (s + n + BS - 1) // BS
+        tables.append([free.pop() for _ in range(nb)])
+    caches = _cache(40)
+    full_k = [torch.randn(s + n, NKV, HD) for s, n in zip(starts, lengths, strict=True)]
+    full_v = [torch.randn(s + n, NKV, HD) for s, n in zip(starts, lengths, strict=True)]
+    for table, s, k, v in zip(tables, starts, full_k, full_v, strict=True):
+        _write_history(caches, table, k[:s], v[:s])
+    q = torch.randn(sum(lengths), NH, HD)
+    new_k = torch.cat([k[s:] for k, s in zip(full_k, starts, strict=True)])
+    new_v = torch.cat([v[s:] for v, s in zip(full_v, starts, strict=True)])
+    meta = AttentionMetadata.build(starts, lengths, tables, BS)
+    out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, SCALE)
+    row = 0
+    for i, (s, n) in enumerate(zip(starts, lengths, strict=True)):
+        ref = _reference(q[row : row + n], full_k[i], full_v[i], s)
+        torch.testing.assert_close(out[row : row + n].double(), ref, atol=1e-5, rtol=1e-5)
+        row += n
+    probe = AttentionMetadata.build([0], [starts[3] + 1], [tables[3]], BS)  # cache was written
+    torch.testing.assert_close(
+        caches[0].view(NKV, -1, HD).index_select(1, probe.slot_mapping).transpose(0, 1), full_k[3]
+    )
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_all_decode_step_matches_unpaged_sdpa(window: int | None) -> None:
+    torch.manual_seed(2)
+    starts = [0, 3, 17, 8]
+    tables = [[4], [2], [7, 1, 9, 3, 5], [6, 8, 10]]
+    caches = _cache(11)
+    full_k = [torch.randn(s + 1, NKV, HD) for s in starts]
+    full_v = [torch.randn(s + 1, NKV, HD) for s in starts]
+    for table, s, k, v in zip(tables, starts, full_k, full_v, strict=True):
+        _write_history(caches, table, k[:s], v[:s])
+    q = torch.randn(len(starts), NH, HD)
+    meta = AttentionMetadata.build(starts, [1] * len(starts), tables, BS, window)
+    out = paged_attention(
+        q,
+        torch.stack([k[-1] for k in full_k]),
+        torch.stack([v[-1] for v in full_v]),
+        caches[0],
+        caches[1],
+        meta,
+        SCALE,
+    )
+    for i, s in enumerate(starts):
+        first = 0 if window is None else max(0, s + 1 - window)
+        ref = _reference(q[i : i + 1], full_k[i][first:], full_v[i][first:], s - first)
+        torch.testing.assert_close(out[i : i + 1].double(), ref, atol=1e-5, rtol=1e-5)
