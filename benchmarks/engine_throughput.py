@@ -172,10 +172,10 @@ def run_hf(system: str, folder: str, dtype: str, args: argparse.Namespace) -> di
 
 
 def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    from modelyard.engine.core import EngineCore
     from transformers import AutoTokenizer
 
     from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from modelyard.engine.core import EngineCore
     from modelyard.runner.model_runner import ModelRunner
 
     config = EngineConfig(
