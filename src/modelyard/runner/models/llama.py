@@ -84,7 +84,8 @@ class LlamaModel:
             _layer(state, f"model.layers.{i}.", dtype) for i in range(config.num_hidden_layers)
         ]
         del state
-        self.cos, self.sin = _rotary_tables(config, self.head_dim, dtype, max_model_len)  # (P, hd)
+        tables = _rotary_tables(config, self.head_dim, dtype, max_model_len)
+        self.cos, self.signed_sin = tables  # (P, hd) each
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
@@ -104,7 +105,7 @@ class LlamaModel:
         """input_ids (T,) flat new tokens -> logits (S, V) for the rows in sample_rows (S,)."""
         x = self.embed.index_select(0, input_ids)  # (T, H)
         cos = self.cos.index_select(0, meta.positions).unsqueeze(1)  # (T, 1, hd)
-        sin = self.sin.index_select(0, meta.positions).unsqueeze(1)
+        sin = self.signed_sin.index_select(0, meta.positions).unsqueeze(1)
         for i, layer in enumerate(self.layers):
             x = self._layer(x, layer, i, cos, sin, meta)
         x = _rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # (S, H)
@@ -122,13 +123,11 @@ class LlamaModel:
         t = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(_rms_norm(x, w.input_norm, self.eps), w.qkv, w.qkv_bias)
-        q, k, v = torch.split(
-            qkv, [nh * hd, nkv * hd, nkv * hd], dim=-1
-        )  # (T, nh*hd), (T, nkv*hd) x2
-        q = _rope(q.view(t, nh, hd), cos, sin)  # (T, nh, hd)
-        k = _rope(k.view(t, nkv, hd), cos, sin)  # (T, nkv, hd)
+        qk = _rope(qkv[:, : (nh + nkv) * hd].view(t, nh + nkv, hd), cos, sin)  # (T, nh+nkv, hd)
+        q, k = qk[:, :nh], qk[:, nh:]  # (T, nh, hd), (T, nkv, hd)
+        v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
         attn = paged_attention(
-            q, k, v.view(t, nkv, hd), self.k_cache[index], self.v_cache[index], meta, self.scale
+            q, k, v, self.k_cache[index], self.v_cache[index], meta, self.scale
         )  # (T, nh, hd)
         x = x + F.linear(attn.view(t, nh * hd), w.o, w.o_bias)
         gate, up = F.linear(_rms_norm(x, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
@@ -142,11 +141,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE: x (T, heads, hd), cos/sin (T, 1, hd)."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x (T, heads, hd), cos/signed_sin (T, 1, hd).
+
+    signed_sin is sin with its first half negated, so `cat(x2, x1) * signed_sin` equals HF's
+    `cat(-x2, x1) * sin` exactly (negation is exact) with one op less.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * signed_sin
 
 
 def _sliding_window(config: Any) -> int | None:
@@ -162,7 +165,7 @@ def _sliding_window(config: Any) -> int | None:
 def _rotary_tables(
     config: Any, head_dim: int, dtype: torch.dtype, max_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (max_len, hd), computed once at load."""
+    """cos and signed sin tables (max_len, hd), computed once at load (see `_rope`)."""
     rope_type = _rope_type(config)
     if rope_type == "default":
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
@@ -175,7 +178,9 @@ def _rotary_tables(
     positions = torch.arange(max_len, dtype=torch.float)
     freqs = torch.outer(positions, inv_freq.float())  # (P, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (P, hd)
-    return (emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)
+    sin = (emb.sin() * attention_scaling).to(dtype)
+    sin[:, : head_dim // 2].neg_()
+    return (emb.cos() * attention_scaling).to(dtype), sin
 
 
 def _load_state(path: Path) -> dict[str, torch.Tensor]:
