@@ -72,7 +72,8 @@ def test_openai_client_stream_arrives_before_the_end(server: ServerProcess) -> N
                 text.append(choice.delta.content)
     assert usage is not None
     assert usage.completion_tokens == 24
-    assert len(arrivals) >= 20
+    # after EOS (ignored) a token may be a special one whose text is empty: no content chunk
+    assert len(arrivals) >= 12
     # tokens are flushed as made: they arrive spread over the generation, not in one burst
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert sum(gap > 0.001 for gap in gaps) >= 10
