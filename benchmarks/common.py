@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import platform
 import resource
+import socket
 import statistics
 import time
 from collections.abc import Sequence
@@ -103,3 +104,11 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=True))
     return path
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a server the benchmark starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

