@@ -1,6 +1,7 @@
 """Paged attention against plain torch SDPA on contiguous, unpaged K/V: grouped decode attention
 (GQA, padded lengths, sliding window, fp32 and bf16) and whole mixed steps (decodes + a fresh
-prefill chunk + a chunk continuing a cached prefix) through `paged_attention`."""
+prefill chunk + a chunk continuing a cached prefix) through `paged_attention`, with decodes on
+the compiled kernel and on the torch path."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from modelyard.runner import attention, kernels
 from modelyard.runner.attention import AttentionMetadata, grouped_decode_attention, paged_attention
 
 pytestmark = pytest.mark.unit
 
-NKV, GROUP, HD, BS = 2, 3, 8, 4
+NKV, GROUP, HD, BS = 2, 3, 16, 4
 NH = NKV * GROUP
 SCALE = HD**-0.5
 
@@ -68,6 +70,17 @@ def test_grouped_decode_matches_sdpa_with_gqa_and_padding(dtype: torch.dtype) ->
     torch.testing.assert_close(grouped_decode_attention(q, k2, v2, mask, SCALE), out)
 
 
+@pytest.fixture(params=["native", "torch"])
+def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with decodes on the compiled kernel (which must have built) or on torch."""
+    if request.param == "native":
+        assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+        assert attention.native_decode_ready(torch.float32, HD)
+    else:
+        monkeypatch.setattr(attention, "native_decode_ready", lambda dtype, head_dim: False)
+    return str(request.param)
+
+
 def _cache(num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(NKV, num_blocks, BS, HD), torch.zeros(NKV, num_blocks, BS, HD)
 
@@ -82,6 +95,7 @@ def _write_history(
         caches[1][:, block, offset] = v[p]
 
 
+@pytest.mark.usefixtures("decode_path")
 def test_mixed_step_matches_unpaged_sdpa() -> None:
     """Decodes, a fresh prefill and a continued prefill in one flat batch, scattered blocks."""
     torch.manual_seed(1)
@@ -115,6 +129,7 @@ def test_mixed_step_matches_unpaged_sdpa() -> None:
     )
 
 
+@pytest.mark.usefixtures("decode_path")
 @pytest.mark.parametrize("window", [None, 5])
 def test_all_decode_step_matches_unpaged_sdpa(window: int | None) -> None:
     torch.manual_seed(2)
@@ -140,3 +155,17 @@ def test_all_decode_step_matches_unpaged_sdpa(window: int | None) -> None:
         first = 0 if window is None else max(0, s + 1 - window)
         ref = _reference(q[i : i + 1], full_k[i][first:], full_v[i][first:], s - first)
         torch.testing.assert_close(out[i : i + 1].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_native_kernel_rejects_a_block_id_outside_the_cache() -> None:
+    assert kernels.load()
+    k_cache, v_cache = _cache(3)
+    q = torch.randn(1, NH, HD)
+    with pytest.raises(RuntimeError, match="bad block id"):
+        kernels.paged_decode_attention(
+            q, k_cache, v_cache, torch.tensor([[7]]), torch.tensor([2]), SCALE, None
+        )
+    with pytest.raises(RuntimeError, match="bad seq_len"):
+        kernels.paged_decode_attention(
+            q, k_cache, v_cache, torch.tensor([[1]]), torch.tensor([BS + 1]), SCALE, None
+        )

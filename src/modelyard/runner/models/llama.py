@@ -2,8 +2,9 @@
 
 All new tokens of a step are flattened into one (T, hidden) tensor, so each weight is one
 matmul per step for the whole batch; only attention looks at requests (runner.attention).
-q/k/v are fused into one weight and gate/up into another at load time. The lm_head runs only on
-the rows that are sampled. Weights come straight from the HF safetensors files.
+q/k/v are fused into one weight and gate/up into another at load time, and in float32 every
+weight is packed once for oneDNN (runner.linear). The lm_head runs only on the rows that are
+sampled. Weights come straight from the HF safetensors files.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention
+from modelyard.runner.linear import Linear, packing_available
 
 NATIVE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 _STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -41,13 +44,11 @@ class LayerWeights:
     """One decoder layer; shapes with H = hidden, nh/nkv heads, hd head dim, I = intermediate."""
 
     input_norm: torch.Tensor  # (H,)
-    qkv: torch.Tensor  # ((nh + 2 * nkv) * hd, H)
-    qkv_bias: torch.Tensor | None  # ((nh + 2 * nkv) * hd,) — Qwen2, Llama attention_bias
-    o: torch.Tensor  # (H, nh * hd)
-    o_bias: torch.Tensor | None  # (H,) — Llama attention_bias
+    qkv: Linear  # H -> (nh + 2 * nkv) * hd, with bias for Qwen2 / Llama attention_bias
+    o: Linear  # nh * hd -> H, with bias for Llama attention_bias
     post_norm: torch.Tensor  # (H,)
-    gate_up: torch.Tensor  # (2 * I, H)
-    down: torch.Tensor  # (H, I)
+    gate_up: Linear  # H -> 2 * I
+    down: Linear  # I -> H
 
 
 class LlamaModel:
@@ -79,13 +80,19 @@ class LlamaModel:
         self.norm = state["model.norm.weight"].to(dtype)  # (H,)
         head = state.get("lm_head.weight")
         tied = getattr(config, "tie_word_embeddings", False) or head is None
-        self.lm_head = self.embed if tied or head is None else head.to(dtype)  # (V, H)
+        pack = packing_available(dtype)
+        # H -> V; packing a tied head makes its own copy, the embedding table stays for lookups
+        self.lm_head = Linear(
+            self.embed if tied or head is None else head.to(dtype), None, pack=pack
+        )
         self.layers = [
-            _layer(state, f"model.layers.{i}.", dtype) for i in range(config.num_hidden_layers)
+            _layer(state, f"model.layers.{i}.", dtype, pack)
+            for i in range(config.num_hidden_layers)
         ]
         del state
         tables = _rotary_tables(config, self.head_dim, dtype, max_model_len)
         self.cos, self.signed_sin = tables  # (P, hd) each
+        kernels.load()  # build or load the decode kernel now, not inside the first step
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
@@ -109,7 +116,7 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             x = self._layer(x, layer, i, cos, sin, meta)
         x = _rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # (S, H)
-        return F.linear(x, self.lm_head)  # (S, V)
+        return self.lm_head(x)  # (S, V)
 
     def _layer(
         self,
@@ -122,16 +129,16 @@ class LlamaModel:
     ) -> torch.Tensor:
         t = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(_rms_norm(x, w.input_norm, self.eps), w.qkv, w.qkv_bias)
+        qkv = w.qkv(_rms_norm(x, w.input_norm, self.eps))
         qk = _rope(qkv[:, : (nh + nkv) * hd].view(t, nh + nkv, hd), cos, sin)  # (T, nh+nkv, hd)
         q, k = qk[:, :nh], qk[:, nh:]  # (T, nh, hd), (T, nkv, hd)
         v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
         attn = paged_attention(
             q, k, v, self.k_cache[index], self.v_cache[index], meta, self.scale
         )  # (T, nh, hd)
-        x = x + F.linear(attn.view(t, nh * hd), w.o, w.o_bias)
-        gate, up = F.linear(_rms_norm(x, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w.down)  # (T, H)
+        x = x + w.o(attn.view(t, nh * hd))
+        gate, up = w.gate_up(_rms_norm(x, w.post_norm, self.eps)).chunk(2, dim=-1)
+        return x + w.down(F.silu(gate) * up)  # (T, H)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -193,7 +200,9 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _layer(state: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> LayerWeights:
+def _layer(
+    state: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype, pack: bool
+) -> LayerWeights:
     def get(name: str) -> torch.Tensor:
         return state[prefix + name].to(dtype)
 
@@ -211,13 +220,13 @@ def _layer(state: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> L
                 for b, n in zip(biases, sizes, strict=True)
             ]
         )
+    qkv = torch.cat([get(f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")])
+    gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
     return LayerWeights(
         input_norm=get("input_layernorm.weight"),
-        qkv=torch.cat([get(f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")]).contiguous(),
-        qkv_bias=qkv_bias,
-        o=get("self_attn.o_proj.weight"),
-        o_bias=maybe("self_attn.o_proj.bias"),
+        qkv=Linear(qkv.contiguous(), qkv_bias, pack=pack),
+        o=Linear(get("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"), pack=pack),
         post_norm=get("post_attention_layernorm.weight"),
-        gate_up=torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]).contiguous(),
-        down=get("mlp.down_proj.weight"),
+        gate_up=Linear(gate_up.contiguous(), None, pack=pack),
+        down=Linear(get("mlp.down_proj.weight"), None, pack=pack),
     )
