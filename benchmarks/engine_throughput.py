@@ -331,8 +331,13 @@ def worker_main(args: argparse.Namespace) -> None:
 
 def run_child(system: str, dtype: str, argv: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", system, "--dtype", dtype, *argv]
+    env = dict(os.environ)
+    if system == "modelyard":  # the environment `modelyard serve` gives its engine worker
+        from modelyard.engine.client import WORKER_ENVIRONMENT
+
+        env = {**WORKER_ENVIRONMENT, **env}
     t = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))

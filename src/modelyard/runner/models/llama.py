@@ -138,7 +138,7 @@ class LlamaModel:
         )  # (T, nh, hd)
         x = x + w.o(attn.view(t, nh * hd))
         gate, up = w.gate_up(_rms_norm(x, w.post_norm, self.eps)).chunk(2, dim=-1)
-        return x + w.down(F.silu(gate) * up)  # (T, H)
+        return x + w.down(F.silu(gate).mul_(up))  # (T, H)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
