@@ -7,8 +7,11 @@ tokenizer, exactly 64 output tokens, concurrency 1. The clients alternate (ours,
 aiperf, ...: `--rounds`), so a drift of the shared machine shows up as a drift between rounds
 rather than as a difference between clients. aiperf counts output tokens from the server's usage
 (`--use-server-token-count`): re-tokenizing the streamed text undercounts tokens that decode to
-no text (special tokens after an ignored EOS) and so inflates its ITL. The TTFT and ITL p50 each
-client reports should agree within 15 %.
+no text (special tokens after an ignored EOS) and so inflates its ITL. aiperf also scrapes the
+server's /metrics about 3 times a second by default, which costs the server some CPU that our
+client does not (`--no-server-metrics` turns that off). Every run gets prompts of its own (its
+own seed): the server's prefix cache would otherwise serve a repeated prompt's prefill and cut
+that run's TTFT to a third. The TTFT and ITL p50 each client reports should agree within 15 %.
 
     .venv/bin/python benchmarks/aiperf_crosscheck.py --aiperf /path/aiperf-venv/bin/aiperf
 """
@@ -47,7 +50,9 @@ def wait_ready(url: str, limit_s: float = 600.0) -> None:
     raise TimeoutError("server not ready")
 
 
-def run_modelyard_bench(url: str, args: argparse.Namespace, tokenizer: str, out: Path) -> Any:
+def run_modelyard_bench(
+    url: str, args: argparse.Namespace, tokenizer: str, out: Path, seed: int
+) -> Any:
     cmd = [
         "taskset",
         "-c",
@@ -75,6 +80,8 @@ def run_modelyard_bench(url: str, args: argparse.Namespace, tokenizer: str, out:
         tokenizer,
         "--warmup",
         "2",
+        "--seed",
+        str(seed),
         "--no-plots",
         "--no-progress",
         "--out",
@@ -85,7 +92,7 @@ def run_modelyard_bench(url: str, args: argparse.Namespace, tokenizer: str, out:
     return report
 
 
-def run_aiperf(url: str, args: argparse.Namespace, tokenizer: str, out: Path) -> Path:
+def run_aiperf(url: str, args: argparse.Namespace, tokenizer: str, out: Path, seed: int) -> Path:
     artifacts = out
     cmd = [
         "taskset",
@@ -113,6 +120,9 @@ def run_aiperf(url: str, args: argparse.Namespace, tokenizer: str, out: Path) ->
         "--extra-inputs",
         "ignore_eos:true",
         "--use-server-token-count",
+        "--random-seed",
+        str(seed),
+        *(["--no-server-metrics"] if args.no_server_metrics else []),
         "--concurrency",
         "1",
         "--request-count",
@@ -148,6 +158,11 @@ def main() -> None:
     parser.add_argument("--aiperf", required=True, help="the aiperf executable (a side venv)")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--no-server-metrics",
+        action="store_true",
+        help="stop aiperf scraping the server's /metrics during the run (it does by default)",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "aiperf"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -177,8 +192,9 @@ def main() -> None:
     try:
         wait_ready(url)
         for i in range(args.rounds):
-            ours = run_modelyard_bench(url, args, tokenizer, out / f"round{i}" / "modelyard_bench")
-            artifacts = run_aiperf(url, args, tokenizer, out / f"round{i}" / "aiperf")
+            folder = out / f"round{i}"
+            ours = run_modelyard_bench(url, args, tokenizer, folder / "modelyard_bench", 100 + i)
+            artifacts = run_aiperf(url, args, tokenizer, folder / "aiperf", 200 + i)
             rounds.append(compare_round(ours, artifacts))
     finally:
         server.send_signal(signal.SIGTERM)

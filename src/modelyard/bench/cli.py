@@ -32,7 +32,7 @@ from modelyard.bench.workloads import LengthDist, Workload, WorkloadConfig, load
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", required=False)
     cmp = sub.add_parser("compare", help="side-by-side table and plot of several reports")
-    cmp.add_argument("reports", nargs="+", help="report.json files")
+    cmp.add_argument("reports", nargs="+", help="report.json files or the folders holding them")
     cmp.add_argument("--out", default=None, help="folder for compare.md and compare.png")
 
     t = parser.add_argument_group("target")

@@ -31,7 +31,10 @@ _ROWS: tuple[tuple[str, str], ...] = (
 def load_reports(paths: list[str]) -> dict[str, dict[str, Any]]:
     reports: dict[str, dict[str, Any]] = {}
     for p in paths:
-        report = json.loads(Path(p).read_text())
+        path = Path(p)
+        if path.is_dir():  # a `modelyard bench --out` folder
+            path = path / "report.json"
+        report = json.loads(path.read_text())
         if "runs" not in report:
             raise ValueError(f"{p}: not a modelyard bench report")
         label = report.get("label") or Path(p).stem

@@ -97,7 +97,8 @@ def test_report_json_markdown_and_plots_written(tmp_path: Path) -> None:
 def test_compare_lines_up_runs_side_by_side(tmp_path: Path) -> None:
     for label, scale in (("fast", 1.0), ("slow", 2.0)):
         write_report(_report(label, [1, 2], scale), "", tmp_path / label, plots=False)
-    reports = load_reports([str(tmp_path / "fast/report.json"), str(tmp_path / "slow/report.json")])
+    reports = load_reports([str(tmp_path / "fast/report.json"), str(tmp_path / "slow")])  # a folder
+    assert list(reports) == ["fast", "slow"]
     md = compare_markdown(reports)
     assert "| metric | fast | slow |" in md
     assert "### concurrency 2" in md
