@@ -12,11 +12,13 @@ which computes the same thing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
 import platform
+import shutil
 from pathlib import Path
 
 import torch
@@ -51,6 +53,17 @@ def _build_dir(name: str) -> Path:
     return path
 
 
+def _ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the `ninja` package's copy lives in the venv's
+    bin folder, which is not on PATH when the venv's python is run directly."""
+    if shutil.which("ninja"):
+        return
+    with contextlib.suppress(ImportError):
+        import ninja
+
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 @functools.cache
 def load() -> bool:
     """Build (first time) and register the kernels; False when unavailable or switched off."""
@@ -59,6 +72,7 @@ def load() -> bool:
     from torch.utils import cpp_extension
 
     name = _build_name()
+    _ninja_on_path()
     try:
         cpp_extension.load(
             name=name,
