@@ -10,7 +10,9 @@ physical blocks of its positions in order; the slot of position p is
 `AttentionMetadata.build` turns one step's requests into index tensors ONCE per step (slot
 mapping, padded block tables, masks); `paged_attention` then runs per layer with tensor ops only:
 1. write the new K/V into their slots (one index_copy_ per tensor);
-2. decodes (one new token each) attend together: gather their blocks request-major with one
+2. decodes (one new token each) attend together. In float32 with the runner's kernels built
+   (runner.kernels), one C++ call reads their K/V in place through the block tables. Otherwise
+   (bfloat16, or no compiler) the torch path gathers their blocks request-major with one
    index_select into scratch buffers allocated once per step and shared by every layer (a fresh
    1-2 MB tensor per layer costs more in page faults than the copy itself), then run one grouped
    attention (`grouped_decode_attention`) on the contiguous (D, nkv, L, hd) result: the g query
