@@ -9,7 +9,8 @@ physical blocks of its positions in order; the slot of position p is
 
 `AttentionMetadata.build` turns one step's requests into index tensors ONCE per step (slot
 mapping, padded block tables, masks); `paged_attention` then runs per layer with tensor ops only:
-1. write the new K/V into their slots (one index_copy_ per tensor);
+1. write the new K/V into their slots (`store_kv`: one index_copy_ per tensor; in float32 the
+   model's fused RoPE op writes them instead);
 2. decodes (one new token each) attend together. In float32 with the runner's kernels built
    (runner.kernels), one C++ call reads their K/V in place through the block tables. Otherwise
    (bfloat16, or no compiler) the torch path gathers their blocks request-major with one
@@ -166,6 +167,19 @@ def _decode_tensors(
     return torch.tensor(ids, dtype=torch.long), allowed.view(d, 1, 1, nb_max * block_size)
 
 
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> None:
+    """Write the step's new k/v (T, nkv, hd) into their cache slots (one index_copy_ each)."""
+    nkv, hd = k_cache.shape[0], k_cache.shape[3]
+    k_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -175,10 +189,11 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q (T, nh, hd), k/v (T, nkv, hd) new tokens; caches (nkv, NB, bs, hd) -> (T, nh, hd)."""
-    nkv, _num_blocks, _block_size, hd = k_cache.shape
-    k_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.view(nkv, -1, hd).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    """q (T, nh, hd), k/v (T, nkv, hd) new tokens; caches (nkv, NB, bs, hd) -> (T, nh, hd).
+
+    The new k/v must already be in the caches (`store_kv`, or the fused `kernels.rope_store`).
+    """
+    nkv = k_cache.shape[0]
     if meta.all_decodes:
         return _decode_attention(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)  # (T, nh, hd)
@@ -248,9 +263,9 @@ def _decode_attention(
 
 
 def native_decode_ready(dtype: torch.dtype, head_dim: int) -> bool:
-    """True when decodes use the compiled kernel (float32, head_dim a multiple of 16, kernels
+    """True when decodes use the compiled kernel (float32, head_dim a multiple of 8, kernels
     built), else the torch path below."""
-    return dtype == torch.float32 and head_dim % 16 == 0 and kernels.load()
+    return dtype == torch.float32 and head_dim % 8 == 0 and kernels.load()
 
 
 def grouped_decode_attention(

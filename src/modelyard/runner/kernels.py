@@ -1,10 +1,12 @@
 """Native CPU kernels of the runner, compiled once per machine and cached.
 
-`csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache. It is
-built with torch's C++ extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
-`~/.cache/modelyard/kernels`), under a name that hashes the source, the torch version and the
+`csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache;
+`csrc/fused_ops.cpp` the element-wise steps of a decoder layer, one pass each (RMSNorm, residual
+add + RMSNorm, SiLU-and-mul, RoPE + KV-cache write), all float32. They are built with torch's
+C++ extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
+`~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
 CPU flags, so a changed source or another machine builds afresh and a cached build loads in
-milliseconds. `scripts/setup` builds it ahead (`python -m modelyard.runner.kernels`), so no
+milliseconds. `scripts/setup` builds them ahead (`python -m modelyard.runner.kernels`), so no
 engine start pays the ~1 min compile. Where the build fails (no compiler) or
 `MODELYARD_NATIVE_KERNELS=0`, `load()` returns False and the runner keeps its pure-torch path,
 which computes the same thing.
@@ -25,7 +27,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = (_CSRC / "paged_decode.cpp", _CSRC / "fused_ops.cpp")
+_HEADERS = (_CSRC / "vec.h",)
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 
 
@@ -41,7 +45,8 @@ def _cpu_flags() -> str:
 
 def _build_name() -> str:
     digest = hashlib.sha256()
-    for part in (_SOURCE.read_text(), torch.__version__, " ".join(_FLAGS), _cpu_flags()):
+    texts = [f.read_text() for f in (*_SOURCES, *_HEADERS)]
+    for part in (*texts, torch.__version__, " ".join(_FLAGS), _cpu_flags()):
         digest.update(part.encode())
     return f"modelyard_kernels_{digest.hexdigest()[:12]}"
 
@@ -76,7 +81,7 @@ def load() -> bool:
     try:
         cpp_extension.load(
             name=name,
-            sources=[str(_SOURCE)],
+            sources=[str(f) for f in _SOURCES],
             extra_cflags=_FLAGS,
             extra_ldflags=["-fopenmp"],
             build_directory=str(_build_dir(name)),
@@ -104,6 +109,44 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0
     )
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (T, H) float32 contiguous -> weight * x / sqrt(mean(x^2) + eps), as HF's RMSNorm."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.rms_norm(x, weight, eps)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """x += delta in place (the residual stream), then return rms_norm(x)."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.add_rms_norm(x, delta, weight, eps)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(T, 2I) fused gate|up rows -> (T, I) silu(gate) * up."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.silu_mul(gate_up)
+    return out
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    signed_sin: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    num_heads: int,
+) -> None:
+    """Rotate the q and k heads of qkv (T, (nh + 2 nkv) hd) in place with the (P, hd) tables
+    at `positions`, then write the k and v heads into the caches (nkv, NB, bs, hd) at `slots`
+    (flat slot = block * bs + offset)."""
+    torch.ops.modelyard_kernels.rope_store(
+        qkv, cos, signed_sin, positions, k_cache, v_cache, slots, num_heads
+    )
 
 
 if __name__ == "__main__":

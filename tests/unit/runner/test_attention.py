@@ -12,7 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from modelyard.runner import attention, kernels
-from modelyard.runner.attention import AttentionMetadata, grouped_decode_attention, paged_attention
+from modelyard.runner.attention import (
+    AttentionMetadata,
+    grouped_decode_attention,
+    paged_attention,
+    store_kv,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -117,6 +122,7 @@ def test_mixed_step_matches_unpaged_sdpa() -> None:
     new_k = torch.cat([k[s:] for k, s in zip(full_k, starts, strict=True)])
     new_v = torch.cat([v[s:] for v, s in zip(full_v, starts, strict=True)])
     meta = AttentionMetadata.build(starts, lengths, tables, BS)
+    store_kv(new_k, new_v, caches[0], caches[1], meta)
     out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, SCALE)
     row = 0
     for i, (s, n) in enumerate(zip(starts, lengths, strict=True)):
@@ -142,15 +148,10 @@ def test_all_decode_step_matches_unpaged_sdpa(window: int | None) -> None:
         _write_history(caches, table, k[:s], v[:s])
     q = torch.randn(len(starts), NH, HD)
     meta = AttentionMetadata.build(starts, [1] * len(starts), tables, BS, window)
-    out = paged_attention(
-        q,
-        torch.stack([k[-1] for k in full_k]),
-        torch.stack([v[-1] for v in full_v]),
-        caches[0],
-        caches[1],
-        meta,
-        SCALE,
-    )
+    new_k = torch.stack([k[-1] for k in full_k])
+    new_v = torch.stack([v[-1] for v in full_v])
+    store_kv(new_k, new_v, caches[0], caches[1], meta)
+    out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, SCALE)
     for i, s in enumerate(starts):
         first = 0 if window is None else max(0, s + 1 - window)
         ref = _reference(q[i : i + 1], full_k[i][first:], full_v[i][first:], s - first)

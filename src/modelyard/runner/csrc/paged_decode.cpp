@@ -10,6 +10,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec.h"
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,50 +23,86 @@
 
 namespace {
 
-// 8 floats: one AVX register where the host has AVX, otherwise whatever the compiler makes of it.
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
+using modelyard::exp8;
+using modelyard::hsum;
+using modelyard::splat;
+using modelyard::v8;
 
-inline float hsum(v8 x) {
-  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+// The four horizontal sums of a, b, c, d into s[0..3].
+inline void hsum4(v8 a, v8 b, v8 c, v8 d, float* s) {
+#if defined(__AVX__)
+  const __m256 ab = _mm256_hadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b));
+  const __m256 cd = _mm256_hadd_ps(reinterpret_cast<__m256>(c), reinterpret_cast<__m256>(d));
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // per 128-bit lane: a b c d partial sums
+  _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+#else
+  s[0] = hsum(a), s[1] = hsum(b), s[2] = hsum(c), s[3] = hsum(d);
+#endif
 }
 
 // Scores of the g query rows q (g, hd) against n consecutive key rows k (n, hd), scaled, into
-// s[j * stride + t]. hd is a multiple of 8.
+// s[j * stride + t]. Four keys at a time per query row: four independent accumulators, one
+// load of each key chunk per query row, and one horizontal reduction for the four.
 inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, int64_t hd,
                          float scale, float* s, int64_t stride) {
   const int64_t chunks = hd / 8;
-  for (int64_t t = 0; t < n; ++t) {
-    const v8* key = reinterpret_cast<const v8*>(k + t * hd);
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* k0 = k + t * hd;
     for (int64_t j = 0; j < g; ++j) {
-      const v8* qj = reinterpret_cast<const v8*>(q + j * hd);
-      v8 acc0 = key[0] * qj[0], acc1 = key[1] * qj[1];
-      for (int64_t c = 2; c + 1 < chunks; c += 2) {
-        acc0 += key[c] * qj[c];
-        acc1 += key[c + 1] * qj[c + 1];
+      const float* qj = q + j * hd;
+      v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      for (int64_t c = 0; c < chunks; ++c) {
+        const v8 qc = *reinterpret_cast<const v8*>(qj + c * 8);
+        a0 += qc * *reinterpret_cast<const v8*>(k0 + c * 8);
+        a1 += qc * *reinterpret_cast<const v8*>(k0 + hd + c * 8);
+        a2 += qc * *reinterpret_cast<const v8*>(k0 + 2 * hd + c * 8);
+        a3 += qc * *reinterpret_cast<const v8*>(k0 + 3 * hd + c * 8);
       }
-      s[j * stride + t] = hsum(acc0 + acc1) * scale;
+      float* out = s + j * stride + t;
+      hsum4(a0, a1, a2, a3, out);
+      for (int i = 0; i < 4; ++i) out[i] *= scale;
+    }
+  }
+  for (; t < n; ++t) {
+    const float* key = k + t * hd;
+    for (int64_t j = 0; j < g; ++j) {
+      const float* qj = q + j * hd;
+      v8 acc = {};
+      for (int64_t c = 0; c < chunks; ++c) {
+        acc += *reinterpret_cast<const v8*>(qj + c * 8) * *reinterpret_cast<const v8*>(key + c * 8);
+      }
+      s[j * stride + t] = hsum(acc) * scale;
     }
   }
 }
 
 // out (g, hd) += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, hd).
+// 32 columns (four 8-float chunks) of one query row at a time, summed in registers over the n
+// rows: four independent chains, one broadcast weight per row; then any last 8-column chunks.
 inline void block_values(const float* p, const float* v, int64_t n, int64_t g, int64_t hd,
                          int64_t stride, float* out) {
-  // one 8-float column chunk at a time, summed in registers over the n rows (two chains):
-  // accumulating into `out` row by row would chain every add through a store and a load
-  const int64_t chunks = hd / 8;
   for (int64_t j = 0; j < g; ++j) {
     const float* w = p + j * stride;
-    v8* o = reinterpret_cast<v8*>(out + j * hd);
-    for (int64_t c = 0; c < chunks; ++c) {
-      v8 acc0 = o[c], acc1 = {};
-      int64_t t = 0;
-      for (; t + 1 < n; t += 2) {
-        acc0 += w[t] * *reinterpret_cast<const v8*>(v + t * hd + c * 8);
-        acc1 += w[t + 1] * *reinterpret_cast<const v8*>(v + (t + 1) * hd + c * 8);
+    int64_t c = 0;
+    for (; c + 32 <= hd; c += 32) {
+      v8* o = reinterpret_cast<v8*>(out + j * hd + c);
+      v8 a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3];
+      for (int64_t t = 0; t < n; ++t) {
+        const v8 wt = splat(w[t]);
+        const float* row = v + t * hd + c;
+        a0 += wt * *reinterpret_cast<const v8*>(row);
+        a1 += wt * *reinterpret_cast<const v8*>(row + 8);
+        a2 += wt * *reinterpret_cast<const v8*>(row + 16);
+        a3 += wt * *reinterpret_cast<const v8*>(row + 24);
       }
-      if (t < n) acc0 += w[t] * *reinterpret_cast<const v8*>(v + t * hd + c * 8);
-      o[c] = acc0 + acc1;
+      o[0] = a0, o[1] = a1, o[2] = a2, o[3] = a3;
+    }
+    for (; c < hd; c += 8) {
+      v8* o = reinterpret_cast<v8*>(out + j * hd + c);
+      v8 acc = *o;
+      for (int64_t t = 0; t < n; ++t) acc += w[t] * *reinterpret_cast<const v8*>(v + t * hd + c);
+      *o = acc;
     }
   }
 }
@@ -73,13 +115,20 @@ void softmax_rows(float* s, int64_t g, int64_t n) {
   for (int64_t j = 0; j < g; ++j) {
     float* row = s + j * n;
     const float m = *std::max_element(row, row + n);
-    float sum = 0.f;
-    for (int64_t i = 0; i < n; ++i) {
+    v8 sum8 = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      v8& x = *reinterpret_cast<v8*>(row + i);
+      x = exp8(x - splat(m));
+      sum8 += x;
+    }
+    float sum = hsum(sum8);
+    for (; i < n; ++i) {
       row[i] = std::exp(row[i] - m);
       sum += row[i];
     }
     const float inv = 1.f / sum;
-    for (int64_t i = 0; i < n; ++i) row[i] *= inv;
+    for (i = 0; i < n; ++i) row[i] *= inv;
   }
 }
 
@@ -97,7 +146,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const int64_t d = q.size(0), nh = q.size(1), hd = q.size(2);
   const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
   const int64_t g = nh / nkv, nb_max = block_tables.size(1);
-  TORCH_CHECK(nh % nkv == 0 && k_cache.size(3) == hd && hd % 16 == 0,
+  TORCH_CHECK(nh % nkv == 0 && k_cache.size(3) == hd && hd % 8 == 0,
               "paged_decode_attention: bad shapes");
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = seq_lens.data_ptr<int64_t>();

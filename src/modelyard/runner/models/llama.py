@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from modelyard.runner import kernels
-from modelyard.runner.attention import AttentionMetadata, paged_attention
+from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
 from modelyard.runner.linear import Linear, packing_available
 
 NATIVE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
@@ -92,7 +92,8 @@ class LlamaModel:
         del state
         tables = _rotary_tables(config, self.head_dim, dtype, max_model_len)
         self.cos, self.signed_sin = tables  # (P, hd) each
-        kernels.load()  # build or load the decode kernel now, not inside the first step
+        # build or load the kernels now, not inside the first step; float32 runs the fused ops
+        self.fused = dtype == torch.float32 and kernels.load() and self.head_dim % 2 == 0
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
@@ -111,12 +112,20 @@ class LlamaModel:
     ) -> torch.Tensor:
         """input_ids (T,) flat new tokens -> logits (S, V) for the rows in sample_rows (S,)."""
         x = self.embed.index_select(0, input_ids)  # (T, H)
-        cos = self.cos.index_select(0, meta.positions).unsqueeze(1)  # (T, 1, hd)
-        sin = self.signed_sin.index_select(0, meta.positions).unsqueeze(1)
-        for i, layer in enumerate(self.layers):
-            x = self._layer(x, layer, i, cos, sin, meta)
-        x = _rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # (S, H)
+        if self.fused:
+            x = self._fused_layers(x, meta)
+        else:
+            cos = self.cos.index_select(0, meta.positions).unsqueeze(1)  # (T, 1, hd)
+            sin = self.signed_sin.index_select(0, meta.positions).unsqueeze(1)
+            for i, layer in enumerate(self.layers):
+                x = self._layer(x, layer, i, cos, sin, meta)
+        x = self._norm(x.index_select(0, sample_rows), self.norm)  # (S, H)
         return self.lm_head(x)  # (S, V)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return kernels.rms_norm(x, weight, self.eps)
+        return _rms_norm(x, weight, self.eps)
 
     def _layer(
         self,
@@ -127,18 +136,45 @@ class LlamaModel:
         sin: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        """One decoder layer in torch ops (bfloat16, or no compiled kernels)."""
         t = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = w.qkv(_rms_norm(x, w.input_norm, self.eps))
         qk = _rope(qkv[:, : (nh + nkv) * hd].view(t, nh + nkv, hd), cos, sin)  # (T, nh+nkv, hd)
         q, k = qk[:, :nh], qk[:, nh:]  # (T, nh, hd), (T, nkv, hd)
         v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
-        attn = paged_attention(
-            q, k, v, self.k_cache[index], self.v_cache[index], meta, self.scale
-        )  # (T, nh, hd)
+        k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+        store_kv(k, v, k_cache, v_cache, meta)
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh, hd)
         x = x + w.o(attn.view(t, nh * hd))
         gate, up = w.gate_up(_rms_norm(x, w.post_norm, self.eps)).chunk(2, dim=-1)
         return x + w.down(F.silu(gate).mul_(up))  # (T, H)
+
+    def _fused_layers(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Every decoder layer with the compiled element-wise ops (float32): the same math as
+        `_layer`, one pass per step instead of several torch ops. x (T, H) is the residual
+        stream, updated in place; each layer's last add is fused with the next layer's norm."""
+        t = x.shape[0]
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        h = kernels.rms_norm(x, self.layers[0].input_norm, self.eps)
+        for i, w in enumerate(self.layers):
+            k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+            qkv = w.qkv(h)  # (T, (nh + 2 nkv) hd)
+            kernels.rope_store(
+                qkv, self.cos, self.signed_sin, meta.positions, k_cache, v_cache,
+                meta.slot_mapping, nh,
+            )  # fmt: skip
+            q = qkv[:, : nh * hd].view(t, nh, hd)
+            k = qkv[:, nh * hd : (nh + nkv) * hd].view(t, nkv, hd)
+            v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            h = kernels.add_rms_norm(x, w.o(attn.view(t, nh * hd)), w.post_norm, self.eps)
+            mlp = w.down(kernels.silu_mul(w.gate_up(h)))
+            if i + 1 < len(self.layers):
+                h = kernels.add_rms_norm(x, mlp, self.layers[i + 1].input_norm, self.eps)
+            else:
+                x.add_(mlp)
+        return x
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,0 +1,173 @@
+// The element-wise steps of a Llama decoder layer, fused (float32, CPU).
+//
+// In torch each of these is 3-8 ops (RMSNorm alone is cast, pow, mean, add, rsqrt, mul, cast,
+// mul), each a dispatch, an allocation and a pass over the rows; at decode sizes (32 rows of 576)
+// that overhead, not arithmetic, is the cost. Each op here is one pass, rows split across the
+// ATen thread pool only when there are enough of them to pay for the wake-up.
+//   rms_norm       y = w * (x / sqrt(mean(x^2) + eps))                    (HF LlamaRMSNorm)
+//   add_rms_norm   x += delta in place, then rms_norm(x)                  (residual + norm)
+//   silu_mul       (T, 2I) -> (T, I): silu(gate) * up                     (SwiGLU)
+//   rope_store     rotate-half RoPE on the q and k heads of the fused qkv rows in place, then
+//                  write the step's k and v rows into their paged-cache slots
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "vec.h"
+
+namespace {
+
+using modelyard::exp8;
+using modelyard::splat;
+using modelyard::v8;
+
+constexpr int64_t kElementsPerTask = 1 << 15;  // below this many elements a pass runs inline
+
+int64_t row_grain(int64_t row_elements) {
+  return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, row_elements));
+}
+
+void check_float_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name,
+              ": contiguous float32 (T, H) only");
+}
+
+void norm_row(const float* x, const float* w, float* y, int64_t h, float eps) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < h; ++i) sum += x[i] * x[i];
+  const float r = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < h; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_float_rows(x, "rms_norm");
+  const int64_t t = x.size(0), h = x.size(1);
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == h, "rms_norm: weight must be (H,)");
+  auto y = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) norm_row(xp + r * h, wp, yp + r * h, h, eps);
+  });
+  return y;
+}
+
+at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                        double eps) {
+  check_float_rows(x, "add_rms_norm");
+  check_float_rows(delta, "add_rms_norm");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "add_rms_norm: x and delta differ in shape");
+  const int64_t t = x.size(0), h = x.size(1);
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == h, "add_rms_norm: weight must be (H,)");
+  auto y = at::empty_like(x);
+  float* xp = x.data_ptr<float>();
+  const float* dp = delta.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = xp + r * h;
+#pragma omp simd
+      for (int64_t i = 0; i < h; ++i) row[i] += dp[r * h + i];
+      norm_row(row, wp, yp + r * h, h, eps);
+    }
+  });
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_float_rows(gate_up, "silu_mul");
+  const int64_t t = gate_up.size(0), i2 = gate_up.size(1), n = i2 / 2;
+  TORCH_CHECK(i2 % 2 == 0, "silu_mul: odd width");
+  auto y = at::empty({t, n}, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, t, row_grain(i2), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* g = gp + r * i2;
+      const float* u = g + n;
+      float* out = yp + r * n;
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const v8 gi = *reinterpret_cast<const v8*>(g + i);
+        const v8 ui = *reinterpret_cast<const v8*>(u + i);
+        *reinterpret_cast<v8*>(out + i) = gi / (splat(1.f) + exp8(-gi)) * ui;
+      }
+      for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    }
+  });
+  return y;
+}
+
+// qkv (T, (nh + 2 nkv) hd); cos / signed_sin (P, hd) tables (signed_sin: sin with its first half
+// negated); positions (T,) and slots (T,) int64; caches (nkv, NB, bs, hd).
+void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
+                const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache,
+                const at::Tensor& slots, int64_t num_heads) {
+  check_float_rows(qkv, "rope_store");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() && cos.is_contiguous() &&
+                  signed_sin.is_contiguous() && positions.is_contiguous() &&
+                  slots.is_contiguous(),
+              "rope_store: contiguous float32 caches and tables");
+  const int64_t t = qkv.size(0), nkv = k_cache.size(0), hd = k_cache.size(3);
+  const int64_t cache_slots = k_cache.size(1) * k_cache.size(2), table_len = cos.size(0);
+  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * nkv) * hd && cos.size(1) == hd && hd % 2 == 0,
+              "rope_store: bad shapes");
+  TORCH_CHECK(positions.numel() == t && slots.numel() == t, "rope_store: one position per row");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < t; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < table_len, "rope_store: position out of range");
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < cache_slots, "rope_store: slot out of range");
+  }
+  const int64_t width = qkv.size(1), rotated = num_heads + nkv, half = hd / 2;
+  float* qp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = signed_sin.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  at::parallel_for(0, t, row_grain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = qp + r * width;
+      const float* c = cp + pos[r] * hd;
+      const float* s = sp + pos[r] * hd;
+      for (int64_t head = 0; head < rotated; ++head) {
+        float* x = row + head * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x[i], b = x[i + half];
+          x[i] = a * c[i] + b * s[i];
+          x[i + half] = b * c[i + half] + a * s[i + half];
+        }
+      }
+      for (int64_t h = 0; h < nkv; ++h) {
+        const int64_t dst = (h * cache_slots + slot[r]) * hd;
+        const float* k = row + (num_heads + h) * hd;
+        const float* v = row + (num_heads + nkv + h) * hd;
+        std::copy(k, k + hd, kc + dst);
+        std::copy(v, v + hd, vc + dst);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def(
+      "rope_store(Tensor(a!) qkv, Tensor cos, Tensor signed_sin, Tensor positions, "
+      "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");
+  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
+  m.impl("add_rms_norm", c10::DispatchKey::CPU, &add_rms_norm);
+  m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
+  m.impl("rope_store", c10::DispatchKey::CPU, &rope_store);
+}
