@@ -19,6 +19,7 @@ concurrency-32 throughput equals the throughput of one unit of work; the JSON ma
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -185,6 +186,8 @@ def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str
     )
     core = EngineCore(config, ModelRunner(config.model, config.cache))
     tok = AutoTokenizer.from_pretrained(folder)
+    gc.collect()
+    gc.freeze()  # as the engine worker does once loaded
     _drive(core, make_prompts(tok, 2, 16), 1, 4)  # warm-up
     results = {}
     for concurrency, count in ((1, args.sequential_requests), (32, 64)):

@@ -16,6 +16,7 @@ with a FinishReason.ERROR output and the worker keeps serving; an exception whil
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -86,6 +87,10 @@ def run_engine_worker(config: EngineConfig, addresses: IpcAddresses) -> None:
         conn.close()
         sys.exit(1)
     conn.send(ready)
+    # the model, tokenizer and transformers' modules are long-lived: freezing them keeps the
+    # collector from re-walking them in every full collection during serving
+    gc.collect()
+    gc.freeze()
     try:
         code = serve(core, conn, parent_pid=os.getppid())
     finally:

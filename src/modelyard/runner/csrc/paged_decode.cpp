@@ -107,6 +107,8 @@ inline void block_values(const float* p, const float* v, int64_t n, int64_t g, i
   }
 }
 
+constexpr int64_t kPrefetchBytes = 128 * 1024;  // K+V of one item prefetched ahead, at most
+
 inline void prefetch_rows(const float* x, int64_t count) {
   for (int64_t i = 0; i < count; i += 16) __builtin_prefetch(x + i, 0, 3);  // 64-byte lines
 }
@@ -164,34 +166,53 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
 
+  // keys [first, len) of request r, and the cache row of block b of its table for KV head h
+  auto key_range = [&](int64_t r) {
+    const int64_t len = lens[r];
+    return std::make_pair(window > 0 ? std::max<int64_t>(0, len - window) : 0, len);
+  };
+  auto block_row = [&](int64_t r, int64_t h, int64_t b) {
+    return (h * nblocks + tables[r * nb_max + b]) * bs;
+  };
+  // Each block is its own 4 KiB run, where hardware prefetchers stop, and one block's compute is
+  // far shorter than its fetch: so the next item's K/V blocks (up to kPrefetchBytes) are
+  // prefetched while this item computes, and blocks past that budget one block ahead.
+  auto prefetch_item = [&](int64_t item) {
+    const int64_t r = item / nkv, h = item % nkv;
+    const auto [first, len] = key_range(r);
+    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(float)));
+    const int64_t stop = std::min((len - 1) / bs + 1, first / bs + budget);
+    for (int64_t b = first / bs; b < stop; ++b) {
+      prefetch_rows(kp + block_row(r, h, b) * hd, bs * hd);
+      prefetch_rows(vp + block_row(r, h, b) * hd, bs * hd);
+    }
+  };
+
   at::parallel_for(0, d * nkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    prefetch_item(begin);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = item / nkv, h = item % nkv, len = lens[r];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t n = len - first;
+      if (item + 1 < end) prefetch_item(item + 1);
+      const int64_t r = item / nkv, h = item % nkv;
+      const auto [first, len] = key_range(r);
+      const int64_t n = len - first, last_block = (len - 1) / bs;
       scores.resize(static_cast<size_t>(g * n));
       const float* qh = qp + (r * nh + h * g) * hd;  // the g query rows of this KV head
-      const int64_t* table = tables + r * nb_max;
-      // keys [first, len) come in runs that stay inside one block: contiguous rows. Each block
-      // is its own few pages, where hardware prefetchers stop: the next block is prefetched.
-      const int64_t last_block = (len - 1) / bs;
-      auto block_row = [&](int64_t b) { return (h * nblocks + table[b]) * bs; };
+      // keys come in runs that stay inside one block: contiguous rows
       for (int64_t p = first; p < len;) {
         const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-        if (b < last_block) prefetch_rows(kp + block_row(b + 1) * hd, bs * hd);
-        block_scores(qh, kp + (block_row(b) + p % bs) * hd, run, g, hd, fscale,
+        if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
+        block_scores(qh, kp + (block_row(r, h, b) + p % bs) * hd, run, g, hd, fscale,
                      scores.data() + (p - first), n);
         p += run;
       }
-      if (first / bs <= last_block) prefetch_rows(vp + block_row(first / bs) * hd, bs * hd);
       softmax_rows(scores.data(), g, n);
       float* oh = op + (r * nh + h * g) * hd;
       for (int64_t p = first; p < len;) {
         const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-        if (b < last_block) prefetch_rows(vp + block_row(b + 1) * hd, bs * hd);
-        block_values(scores.data() + (p - first), vp + (block_row(b) + p % bs) * hd, run, g, hd,
-                     n, oh);
+        if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
+        block_values(scores.data() + (p - first), vp + (block_row(r, h, b) + p % bs) * hd, run,
+                     g, hd, n, oh);
         p += run;
       }
     }
