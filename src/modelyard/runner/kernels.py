@@ -2,7 +2,8 @@
 
 `csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache;
 `csrc/fused_ops.cpp` the element-wise steps of a decoder layer, one pass each (RMSNorm, residual
-add + RMSNorm, SiLU-and-mul, RoPE + KV-cache write), all float32. They are built with torch's
+add + RMSNorm, SiLU-and-mul, RoPE + KV-cache write); `csrc/gemm.cpp` the linear layers' GEMM on
+weights packed at load (runner.linear); all float32. They are built with torch's
 C++ extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
 CPU flags, so a changed source or another machine builds afresh and a cached build loads in
@@ -28,7 +29,7 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = (_CSRC / "paged_decode.cpp", _CSRC / "fused_ops.cpp")
+_SOURCES = (_CSRC / "paged_decode.cpp", _CSRC / "fused_ops.cpp", _CSRC / "gemm.cpp")
 _HEADERS = (_CSRC / "vec.h",)
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 
@@ -147,6 +148,20 @@ def rope_store(
     torch.ops.modelyard_kernels.rope_store(
         qkv, cos, signed_sin, positions, k_cache, v_cache, slots, num_heads
     )
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) float32 -> (ceil(N / 16), K, 16) panels for `packed_linear` (zero-padded)."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.pack_weight(weight)
+    return out
+
+
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x (M, K) float32 contiguous, `pack_weight` panels, N, bias (N,) or None -> (M, N)."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear(x, packed, out_features, bias)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
-"""Linear layers with the weight prepared once for the CPU's fastest kernel.
+"""Linear layers with the weight packed once for the runner's own float32 GEMM.
 
-`F.linear` hands each call to MKL's sgemm, which re-packs the (N, K) weight on every call; at
-decode batch sizes (M = 1-64 rows) that packing dominates, worst for the lm_head (49152 x 576
-for SmolLM2: 30-35 GFLOP/s at M = 32 on a 2-core AVX2 host). oneDNN can pack the weight once
-into its blocked layout (`mkldnn._reorder_linear_weight`) and run every later call on it
-(`mkldnn._linear_pointwise`, the kernels torch.compile's CPU backend uses for frozen fp32
-linears): 1.2-2.5x faster at M = 32 on the same host, and no slower for prefill sizes.
+A decode step multiplies a few dozen rows (one per running request) by every weight. `F.linear`
+hands that to MKL's sgemm, which re-packs the (N, K) weight on every call (30-35 GFLOP/s at 32
+rows for SmolLM2's lm_head on a 2-core AVX2 host); oneDNN with a weight packed once does better
+(~60-85) but still leaves half of the FMA peak (~92 GFLOP/s per core here) unused at 32 rows.
+The runner's kernel (`csrc/gemm.cpp`: 16-column weight panels packed at load, a 6 x 16
+register-blocked micro-kernel) reaches 70-115 GFLOP/s at 32 rows on the same host. At prefill
+sizes (thousands of rows) it is ~10 % behind oneDNN; one packed copy of the weights, not two,
+is the trade (see docs/benchmarks.md).
 
-Only float32 is packed: oneDNN's bfloat16 kernels need AVX-512 BF16 / AMX, and elsewhere fall
-back to a reference path far slower than `F.linear`. `MODELYARD_PACKED_LINEAR=0` turns packing
-off (for comparisons). Results differ from `F.linear` only in summation order (~1e-6 relative).
+Only float32 is packed; bfloat16 keeps `F.linear` on the unpacked weight. Without the compiled
+kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32 uses `F.linear` too.
+Results differ from `F.linear` only in summation order (~1e-6 relative).
 """
 
 from __future__ import annotations
@@ -19,15 +21,14 @@ import os
 import torch
 import torch.nn.functional as F
 
-_PACK_BATCH_HINT = 32  # the row count oneDNN tunes its layout for; any row count works
+from modelyard.runner import kernels
 
 
 def packing_available(dtype: torch.dtype) -> bool:
-    """True when weights of this dtype are packed for oneDNN on this build and host."""
+    """True when weights of this dtype are packed for the runner's GEMM on this host."""
     if dtype != torch.float32 or os.environ.get("MODELYARD_PACKED_LINEAR", "1") == "0":
         return False
-    available = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
-    return available and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return kernels.load()
 
 
 class Linear:
@@ -41,15 +42,14 @@ class Linear:
         self._packed: torch.Tensor | None = None
         self._weight: torch.Tensor | None = weight
         if pack:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
+            self._packed = kernels.pack_weight(weight)
             self._weight = None  # the packed copy replaces it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), self._packed, self._bias, "none", [None], ""
+            return kernels.packed_linear(
+                x.contiguous(), self._packed, self.out_features, self._bias
             )
-            return out
         if self._weight is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("Linear has no weight")
         return F.linear(x, self._weight, self._bias)

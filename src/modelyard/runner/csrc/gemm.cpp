@@ -1,0 +1,139 @@
+// y = x W^T (+ b) for float32 on CPU, with W packed once at load (the runner's linear layers).
+//
+// A decode step multiplies a few dozen rows by every weight of the model; general GEMM
+// libraries tune for large square products and reach ~40 % of this host's FMA peak at 32 rows.
+// Here W (N, K) is packed into panels of kNR = 16 output columns, k-major: panel p holds
+// W[p*16 .. p*16+15][k] for k = 0..K-1, 16 floats per k (zero columns pad the last panel).
+// The micro-kernel keeps a 6 x 16 block of y in 12 vector registers and, per k, loads two
+// vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
+// shape). K is cut into chunks of kKC so a panel's chunk (16 KiB) stays in L1 while every row
+// block of x passes over it; panels are split across the ATen thread pool.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "vec.h"
+
+namespace {
+
+using modelyard::splat;
+using modelyard::v8;
+
+constexpr int64_t kNR = 16;   // output columns per panel (two 8-float vectors)
+constexpr int64_t kMR = 6;    // rows of x per micro-kernel call
+constexpr int64_t kKC = 256;  // k per cache block
+constexpr int64_t kMC = 96;   // rows of x per cache block (prefill sizes)
+
+inline v8 load(const float* p) { return *reinterpret_cast<const v8*>(p); }
+
+// y[i][0..ncols) (+)= sum over k < k_len of x[i][k] * panel[k][..] for the rows i < MR: the
+// first K chunk stores, later ones add to y; the last adds the bias.
+template <int MR>
+inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len, bool first,
+                  const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  v8 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = v8{};
+  for (int64_t k = 0; k < k_len; ++k) {
+    const v8 b0 = load(panel + k * kNR), b1 = load(panel + k * kNR + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const v8 a = splat(x[i * ldx + k]);
+      acc[i][0] += a * b0;
+      acc[i][1] += a * b1;
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    alignas(32) float row[kNR];
+    *reinterpret_cast<v8*>(row) = acc[i][0];
+    *reinterpret_cast<v8*>(row + 8) = acc[i][1];
+    float* out = y + i * ldy;
+    for (int64_t j = 0; j < ncols; ++j) {
+      const float prior = first ? 0.f : out[j];
+      out[j] = bias != nullptr ? prior + row[j] + bias[j] : prior + row[j];
+    }
+  }
+}
+
+template <int MR>
+void micro_rows(const float* x, int64_t ldx, const float* panel, int64_t k_len, bool first,
+                const float* bias, float* y, int64_t ldy, int64_t ncols, int64_t rows) {
+  switch (rows) {
+    case MR: micro<MR>(x, ldx, panel, k_len, first, bias, y, ldy, ncols); break;
+    default:
+      if constexpr (MR > 1) {
+        micro_rows<MR - 1>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, rows);
+      }
+  }
+}
+
+// Rows of x in as few micro-kernel calls as possible, of near-equal sizes (32 rows: 6 6 5 5 5 5,
+// not 6 6 6 6 6 2: a 2-row call has too few independent FMA chains to fill the pipes).
+void row_blocks(const float* x, int64_t rows, int64_t ldx, const float* panel, int64_t k_len,
+                bool first, const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  const int64_t calls = (rows + kMR - 1) / kMR, base = rows / calls, extra = rows % calls;
+  for (int64_t c = 0, i = 0; c < calls; ++c) {
+    const int64_t r = base + (c < extra ? 1 : 0);
+    micro_rows<kMR>(x + i * ldx, ldx, panel, k_len, first, bias, y + i * ldy, ldy, ncols, r);
+    i += r;
+  }
+}
+
+// w (N, K) float32 -> packed (ceil(N / 24), K, 24)
+at::Tensor pack_weight(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2, "pack_weight: float32 (N, K) only");
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kNR - 1) / kNR;
+  auto padded = at::zeros({panels * kNR, k}, w.options());
+  padded.narrow(0, 0, n).copy_(w);
+  return padded.view({panels, kNR, k}).transpose(1, 2).contiguous();
+}
+
+// x (M, K), packed from pack_weight, n = N, bias (N,) or undefined -> (M, N)
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                         const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "packed_linear: contiguous float32 (M, K) input");
+  TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 3 &&
+                  packed.is_contiguous() && packed.size(2) == kNR,
+              "packed_linear: weight not from pack_weight");
+  const int64_t m = x.size(0), k_len = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k_len && n > (panels - 1) * kNR && n <= panels * kNR,
+              "packed_linear: shapes do not match");
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "packed_linear: bias must be float32 (N,)");
+    bp = bias->data_ptr<float>();
+  }
+  auto y = at::empty({m, n}, x.options());
+  if (m == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t m0 = 0; m0 < m; m0 += kMC) {  // one block of x rows stays in L2
+      const int64_t rows = std::min(kMC, m - m0);
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t col = p * kNR, ncols = std::min(kNR, n - col);
+        for (int64_t k0 = 0; k0 < k_len; k0 += kKC) {
+          const int64_t kc = std::min(kKC, k_len - k0);
+          const bool last = k0 + kc == k_len;
+          row_blocks(xp + m0 * k_len + k0, rows, k_len, wp + (p * k_len + k0) * kNR, kc,
+                     k0 == 0, last && bp != nullptr ? bp + col : nullptr, yp + m0 * n + col, n,
+                     ncols);
+        }
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
+  m.def("pack_weight(Tensor w) -> Tensor");
+  m.def("packed_linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
+  m.impl("pack_weight", c10::DispatchKey::CPU, &pack_weight);
+  m.impl("packed_linear", c10::DispatchKey::CPU, &packed_linear);
+}
