@@ -6,8 +6,8 @@
 // W[p*16 .. p*16+15][k] for k = 0..K-1, 16 floats per k (zero columns pad the last panel).
 // The micro-kernel keeps a 6 x 16 block of y in 12 vector registers and, per k, loads two
 // vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
-// shape). K is cut into chunks of kKC so a panel's chunk (16 KiB) stays in L1 while every row
-// block of x passes over it; panels are split across the ATen thread pool.
+// shape). K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
+// in L1 while every row block of x passes over it; panels are split across the ATen thread pool.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -23,7 +23,7 @@ using modelyard::v8;
 
 constexpr int64_t kNR = 16;   // output columns per panel (two 8-float vectors)
 constexpr int64_t kMR = 6;    // rows of x per micro-kernel call
-constexpr int64_t kKC = 256;  // k per cache block
+constexpr int64_t kKC = 320;  // k per cache block, at most (a 20 KiB panel chunk)
 constexpr int64_t kMC = 96;   // rows of x per cache block (prefill sizes)
 
 inline v8 load(const float* p) { return *reinterpret_cast<const v8*>(p); }
@@ -45,10 +45,18 @@ inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len
     }
   }
   for (int i = 0; i < MR; ++i) {
+    float* out = y + i * ldy;
+    if (ncols == kNR) {  // a whole panel: vector stores
+      v8 r0 = acc[i][0], r1 = acc[i][1];
+      if (!first) r0 = load(out) + r0, r1 = load(out + 8) + r1;
+      if (bias != nullptr) r0 += load(bias), r1 += load(bias + 8);
+      *reinterpret_cast<v8*>(out) = r0;
+      *reinterpret_cast<v8*>(out + 8) = r1;
+      continue;
+    }
     alignas(32) float row[kNR];
     *reinterpret_cast<v8*>(row) = acc[i][0];
     *reinterpret_cast<v8*>(row + 8) = acc[i][1];
-    float* out = y + i * ldy;
     for (int64_t j = 0; j < ncols; ++j) {
       const float prior = first ? 0.f : out[j];
       out[j] = bias != nullptr ? prior + row[j] + bias[j] : prior + row[j];
@@ -111,13 +119,15 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   const float* xp = x.data_ptr<float>();
   const float* wp = packed.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  // K in near-equal chunks of at most kKC (576 -> 2 x 288, not 256 + 256 + 64)
+  const int64_t k_chunk = (k_len + (k_len + kKC - 1) / kKC - 1) / ((k_len + kKC - 1) / kKC);
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t m0 = 0; m0 < m; m0 += kMC) {  // one block of x rows stays in L2
       const int64_t rows = std::min(kMC, m - m0);
       for (int64_t p = begin; p < end; ++p) {
         const int64_t col = p * kNR, ncols = std::min(kNR, n - col);
-        for (int64_t k0 = 0; k0 < k_len; k0 += kKC) {
-          const int64_t kc = std::min(kKC, k_len - k0);
+        for (int64_t k0 = 0; k0 < k_len; k0 += k_chunk) {
+          const int64_t kc = std::min(k_chunk, k_len - k0);
           const bool last = k0 + kc == k_len;
           row_blocks(xp + m0 * k_len + k0, rows, k_len, wp + (p * k_len + k0) * kNR, kc,
                      k0 == 0, last && bp != nullptr ? bp + col : nullptr, yp + m0 * n + col, n,
