@@ -132,6 +132,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) for x (R, V) float32 contiguous: the first maximum (NaN counts as
+    the maximum), ~20x faster than torch's CPU argmax at sampler sizes."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.argmax_rows(x)
+    return out
+
+
 def rope_store(
     qkv: torch.Tensor,
     cos: torch.Tensor,

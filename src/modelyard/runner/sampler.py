@@ -29,6 +29,7 @@ import torch
 from modelyard.engine.messages import TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.runner import kernels
 
 
 class Sampler:
@@ -51,7 +52,7 @@ class Sampler:
         params = [r.sampling_params for r in requests]
         raw_logprobs = _raw_logprobs(logits, params)
         if all(_is_plain_greedy(r) for r in requests):
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = _argmax(logits).tolist()
         else:
             logits = logits.clone()
             self._apply_min_tokens(logits, requests)
@@ -67,7 +68,7 @@ class Sampler:
                 logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
 
     def _choose(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> list[int]:
-        tokens = logits.argmax(dim=-1)  # (B,) — right for greedy rows, overwritten for others
+        tokens = _argmax(logits)  # (B,) — right for greedy rows, overwritten for others
         rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if not rows:
             return list(tokens.tolist())
@@ -93,6 +94,14 @@ class Sampler:
             gen.manual_seed(seed)
             self._generators[request_id] = gen
         return gen
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) float32 -> (B,) argmax: the compiled kernel when built (same result as torch's,
+    the first maximum, ~6x faster at (32, 49152)), else torch."""
+    if kernels.load() and logits.is_contiguous() and logits.numel():
+        return kernels.argmax_rows(logits)
+    return logits.argmax(dim=-1)
 
 
 def _has_penalties(p: SamplingParams) -> bool:

@@ -97,3 +97,16 @@ def test_fused_forward_matches_the_torch_forward(tiny_models: dict[str, Path], n
         for ids, meta, rows in steps:
             fused_logits, torch_logits = (m.forward(ids, meta, rows) for m in models)
             torch.testing.assert_close(fused_logits, torch_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 49152, 49157])  # vector body and scalar tail
+def test_argmax_rows_matches_torch_with_ties_nan_and_inf(width: int) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(6, width)
+    x[1] = 0.5  # all equal: the first index
+    x[2, -1] = float("inf")  # the maximum in the tail
+    x[3] = float("-inf")  # nothing finite
+    x[4, width // 2] = float("nan")  # NaN counts as the maximum, as in torch
+    x[5, :: max(1, width // 3)] = 9.0  # ties: the first of them
+    expected = x.argmax(dim=-1)
+    torch.testing.assert_close(kernels.argmax_rows(x), expected, atol=0, rtol=0)

@@ -13,6 +13,11 @@ inline float hsum(v8 x) {
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
+// True when any lane of a vector comparison result is set.
+inline bool any(i8 mask) {
+  return (mask[0] | mask[1] | mask[2] | mask[3] | mask[4] | mask[5] | mask[6] | mask[7]) != 0;
+}
+
 inline v8 splat(float x) { return v8{x, x, x, x, x, x, x, x}; }
 
 // exp of 8 floats (Cephes-style: 2^n times a degree-5 polynomial on [-ln2/2, ln2/2]), relative
