@@ -52,13 +52,29 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) long: flat cache slot of each new token
     decode_rows: torch.Tensor  # (D,) long: rows of single-token requests in the flat batch
     decode_block_ids: torch.Tensor  # (D * nb_max,) long: padded block tables (pad = block 0)
-    decode_mask: torch.Tensor  # (D, 1, 1, nb_max * block_size) bool, True = attend
     decode_seq_lens: torch.Tensor  # (D,) long: keys of each decode (its position + 1)
+    block_size: int
     sliding_window: int | None
     prefills: list[PrefillChunk]  # multi-token chunks, attended one by one
     all_decodes: bool  # every row is a decode, in order: decode_rows is 0..T-1
     decode_cache_rows: torch.Tensor | None = None  # (D * nkv * nb_max,) see decode_gather_ids
     decode_scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # gathered K and V
+    _decode_mask: torch.Tensor | None = None  # see decode_mask
+
+    def decode_mask(self) -> torch.Tensor:
+        """(D, 1, 1, nb_max * block_size) bool, True = attend: what each decode may see in its
+        padded gathered blocks. Built at the first layer that needs it (the torch path; the
+        compiled kernel reads seq lens) and reused by the others."""
+        if self._decode_mask is None:
+            d = self.decode_seq_lens.numel()
+            width = self.decode_block_ids.numel() // max(d, 1) * self.block_size
+            q_pos = (self.decode_seq_lens - 1).unsqueeze(1)  # (D, 1)
+            k_pos = torch.arange(width).unsqueeze(0)  # (1, L)
+            allowed = k_pos <= q_pos
+            if self.sliding_window is not None:
+                allowed &= k_pos > q_pos - self.sliding_window
+            self._decode_mask = allowed.view(d, 1, 1, width)
+        return self._decode_mask
 
     def decode_gather_ids(self, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
         """Rows of the (nkv * NB, bs, hd) cache view holding the decodes' blocks, request-major.
@@ -67,7 +83,7 @@ class AttentionMetadata:
         shape). Gathered in this order, the rows form (D, nkv, nb_max * bs, hd) contiguously.
         """
         if self.decode_cache_rows is None:
-            d = self.decode_mask.shape[0]
+            d = self.decode_seq_lens.numel()
             ids = self.decode_block_ids.view(d, 1, -1)  # (D, 1, nb_max)
             offsets = torch.arange(num_kv_heads, dtype=torch.long).view(1, -1, 1) * num_blocks
             self.decode_cache_rows = (ids + offsets).view(-1)
@@ -112,16 +128,14 @@ class AttentionMetadata:
                 prefills.append(PrefillChunk(row, n, start, blocks, mask))
             row += n
         decode_positions = [positions[r] for r in decode_rows]
-        decode_ids, decode_mask = _decode_tensors(
-            decode_tables, decode_positions, block_size, sliding_window
-        )
+        decode_ids = _padded_block_ids(decode_tables)
         return AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.long),
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long),
             decode_block_ids=decode_ids,
-            decode_mask=decode_mask,
             decode_seq_lens=torch.tensor(decode_positions, dtype=torch.long) + 1,
+            block_size=block_size,
             sliding_window=sliding_window,
             prefills=prefills,
             all_decodes=not prefills,
@@ -149,22 +163,11 @@ def _chunk_mask(start: int, n: int, width: int, window: int | None) -> torch.Ten
     return mask
 
 
-def _decode_tensors(
-    tables: Sequence[Sequence[int]],
-    positions: Sequence[int],
-    block_size: int,
-    window: int | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat padded (D * nb_max,) block ids and (D, 1, 1, nb_max * block_size) bool mask."""
-    d = len(tables)
+def _padded_block_ids(tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Flat (D * nb_max,) block ids, each table padded with block 0 to the longest."""
     nb_max = max((len(t) for t in tables), default=0)
     ids = [b for t in tables for b in (*t, *([0] * (nb_max - len(t))))]
-    q_pos = torch.tensor(list(positions), dtype=torch.long).unsqueeze(1)  # (D, 1)
-    k_pos = torch.arange(nb_max * block_size).unsqueeze(0)  # (1, L)
-    allowed = k_pos <= q_pos
-    if window is not None:
-        allowed &= k_pos > q_pos - window
-    return torch.tensor(ids, dtype=torch.long), allowed.view(d, 1, 1, nb_max * block_size)
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def store_kv(
@@ -258,7 +261,7 @@ def _decode_attention(
     torch.index_select(k_cache.view(-1, bs, hd), 0, rows, out=kd)
     torch.index_select(v_cache.view(-1, bs, hd), 0, rows, out=vd)
     return grouped_decode_attention(
-        qd, kd.view(d, nkv, -1, hd), vd.view(d, nkv, -1, hd), meta.decode_mask, scale
+        qd, kd.view(d, nkv, -1, hd), vd.view(d, nkv, -1, hd), meta.decode_mask(), scale
     )
 
 

@@ -134,7 +134,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) for x (R, V) float32 contiguous: the first maximum (NaN counts as
-    the maximum), ~20x faster than torch's CPU argmax at sampler sizes."""
+    the maximum), ~6x faster than torch's CPU argmax over (32, 49152) logits."""
     out: torch.Tensor = torch.ops.modelyard_kernels.argmax_rows(x)
     return out
 
