@@ -6,7 +6,9 @@ Systems (each in its own subprocess, so peak RSS is per system):
   textbook       (c) the textbook algorithm: full recompute every step, batches of 4
   modelyard      (d) EngineCore + ModelRunner in-process (continuous batching, paged KV)
   vllm           (e) vLLM CPU's offline LLM.generate, only with --vllm-python (a side venv)
-plus the machine's compute ceiling in the same run: matmul GFLOP/s / (2 x params).
+plus the machine's compute ceiling in the same run: matmul GFLOP/s / (2 x params), measured
+in its own child and again inside modelyard's child right before and after its c=32 run (the
+host is shared and its speed drifts over minutes; the adjacent figure saw the same conditions).
 
 Every request has a ~128-token prompt and exactly 128 output tokens (EOS ignored).
 Sequential systems serve concurrent load one request (or one batch) at a time, so their
@@ -189,11 +191,31 @@ def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str
     gc.collect()
     gc.freeze()  # as the engine worker does once loaded
     _drive(core, make_prompts(tok, 2, 16), 1, 4)  # warm-up
-    results = {}
+    results: dict[str, Any] = {}
+    rates = []
     for concurrency, count in ((1, args.sequential_requests), (32, 64)):
         prompts = make_prompts(tok, count, args.prompt_tokens)
+        if concurrency == 32:
+            rates.append(matmul_gflops(dtype))
         results[str(concurrency)] = _drive(core, prompts, concurrency, args.output_tokens)
+    rates.append(matmul_gflops(dtype))
+    # the host's matmul rate right before and after the c=32 run, in this process: the ceiling
+    # under the conditions that run saw (the separate `ceiling` child samples another moment)
+    gflops = sum(rates) / len(rates)
+    results["adjacent_ceiling"] = {
+        "matmul_gflops_before_after": [round(r, 1) for r in rates],
+        "ceiling_tok_s": round(gflops * 1e9 / (2 * _param_count(folder)), 1),
+    }
     return results
+
+
+def _param_count(folder: str) -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    return sum(p.numel() for p in model.parameters())
 
 
 def _drive(core: Any, prompts: list[list[int]], concurrency: int, out: int) -> dict[str, Any]:
@@ -313,15 +335,8 @@ def worker_main(args: argparse.Namespace) -> None:
     folder = resolve_folder(args.model)
     if args.worker == "ceiling":
         import torch
-        from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(folder)
-        model = None
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_config(cfg)
-        params = sum(p.numel() for p in model.parameters())
-        del model
+        params = _param_count(folder)
         gflops = matmul_gflops(args.dtype)
         result: dict[str, Any] = {
             "matmul_gflops": round(gflops, 1),
@@ -369,6 +384,10 @@ def ratios(sys_results: dict[str, Any]) -> dict[str, float | None]:
     ceiling = sys_results.get("ceiling", {}).get("ceiling_tok_s")
     out["modelyard_fraction_of_ceiling_c32"] = (
         round(mine / ceiling, 3) if mine and ceiling else None
+    )
+    adjacent = sys_results.get("modelyard", {}).get("adjacent_ceiling", {}).get("ceiling_tok_s")
+    out["modelyard_fraction_of_adjacent_ceiling_c32"] = (
+        round(mine / adjacent, 3) if mine and adjacent else None
     )
     return out
 
