@@ -29,15 +29,24 @@ constexpr int64_t kMC = 96;   // rows of x per cache block (prefill sizes)
 inline v8 load(const float* p) { return *reinterpret_cast<const v8*>(p); }
 
 // y[i][0..ncols) (+)= sum over k < k_len of x[i][k] * panel[k][..] for the rows i < MR: the
-// first K chunk stores, later ones add to y; the last adds the bias. With PF, line k of pf is
-// prefetched at step k (a compile-time switch: a test in the loop costs ~10 % at prefill sizes).
+// first K chunk stores, later ones add to y; the last adds the bias. With PF, one 64-byte line
+// from pf on is prefetched every `pf_every` steps of k (PF is a compile-time switch: a test in
+// the loop costs ~10 % at prefill sizes).
 template <int MR, bool PF>
 inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len, bool first,
-                  const float* bias, float* y, int64_t ldy, int64_t ncols, const float* pf) {
+                  const float* bias, float* y, int64_t ldy, int64_t ncols, const float* pf,
+                  int64_t pf_every) {
   v8 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = v8{};
+  int64_t countdown = 1;
   for (int64_t k = 0; k < k_len; ++k) {
-    if constexpr (PF) __builtin_prefetch(pf + k * kNR, 0, 3);
+    if constexpr (PF) {
+      if (--countdown == 0) {
+        __builtin_prefetch(pf, 0, 3);
+        pf += kNR;
+        countdown = pf_every;
+      }
+    }
     const v8 b0 = load(panel + k * kNR), b1 = load(panel + k * kNR + 8);
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
@@ -69,29 +78,34 @@ inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len
 template <int MR, bool PF>
 void micro_rows(const float* x, int64_t ldx, const float* panel, int64_t k_len, bool first,
                 const float* bias, float* y, int64_t ldy, int64_t ncols, int64_t rows,
-                const float* pf) {
+                const float* pf, int64_t pf_every) {
   switch (rows) {
-    case MR: micro<MR, PF>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, pf); break;
+    case MR: micro<MR, PF>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, pf, pf_every); break;
     default:
       if constexpr (MR > 1) {
-        micro_rows<MR - 1, PF>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, rows, pf);
+        micro_rows<MR - 1, PF>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, rows, pf,
+                               pf_every);
       }
   }
 }
 
 // Rows of x in as few micro-kernel calls as possible, of near-equal sizes (32 rows: 6 6 5 5 5 5,
-// not 6 6 6 6 6 2: a 2-row call has too few independent FMA chains to fill the pipes).
+// not 6 6 6 6 6 2: a 2-row call has too few independent FMA chains to fill the pipes). With pf,
+// the k_len lines of the chunk at pf are prefetched, spread evenly over all the calls: call c
+// of C takes lines [c k_len / C, (c + 1) k_len / C), one every C steps of k.
 void row_blocks(const float* x, int64_t rows, int64_t ldx, const float* panel, int64_t k_len,
                 bool first, const float* bias, float* y, int64_t ldy, int64_t ncols,
                 const float* pf) {
   const int64_t calls = (rows + kMR - 1) / kMR, base = rows / calls, extra = rows % calls;
   for (int64_t c = 0, i = 0; c < calls; ++c) {
     const int64_t r = base + (c < extra ? 1 : 0);
-    if (c == 0 && pf != nullptr) {
-      micro_rows<kMR, true>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, r, pf);
+    const float* xi = x + i * ldx;
+    float* yi = y + i * ldy;
+    if (pf != nullptr) {
+      const float* lines = pf + c * k_len / calls * kNR;
+      micro_rows<kMR, true>(xi, ldx, panel, k_len, first, bias, yi, ldy, ncols, r, lines, calls);
     } else {
-      micro_rows<kMR, false>(x + i * ldx, ldx, panel, k_len, first, bias, y + i * ldy, ldy,
-                             ncols, r, nullptr);
+      micro_rows<kMR, false>(xi, ldx, panel, k_len, first, bias, yi, ldy, ncols, r, nullptr, 0);
     }
     i += r;
   }
@@ -141,10 +155,11 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
           const bool last = k0 + kc == k_len;
           const float* chunk = wp + (p * k_len + k0) * kNR;
           // decode sizes (one block of rows) read each panel chunk from memory once and compute
-          // on it briefly: the chunk that comes next (panels are contiguous) is prefetched, one
-          // line per k, while the first micro-kernel call reads this one (hardware prefetchers
-          // stop at each 4 KiB page). ~5 % at 32 rows; at prefill sizes it evicts the chunk
-          // the later row blocks reuse, and a single row is bound by memory anyway.
+          // on it briefly, and hardware prefetchers stop at each 4 KiB page: so the chunk that
+          // comes next (panels are contiguous) is prefetched while this one is computed, a line
+          // every few k over all the row blocks (a burst in the first block alone stalls it).
+          // A single row is bound by memory anyway; at prefill sizes the chunk is reused by
+          // many row blocks and the prefetch only evicts it.
           const bool ahead = prefetch && (p + 1 < end || !last);
           const float* next = ahead ? chunk + kc * kNR : nullptr;
           row_blocks(xp + m0 * k_len + k0, rows, k_len, chunk, kc, k0 == 0,
