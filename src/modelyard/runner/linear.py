@@ -5,9 +5,10 @@ hands that to MKL's sgemm, which re-packs the (N, K) weight on every call (30-35
 rows for SmolLM2's lm_head on a 2-core AVX2 host); oneDNN with a weight packed once does better
 (~60-85) but still leaves half of the FMA peak (~92 GFLOP/s per core here) unused at 32 rows.
 The runner's kernel (`csrc/gemm.cpp`: 16-column weight panels packed at load, a 6 x 16
-register-blocked micro-kernel) reaches 70-115 GFLOP/s at 32 rows on the same host. At prefill
-sizes (thousands of rows) it is ~10 % behind oneDNN; one packed copy of the weights, not two,
-is the trade (see docs/benchmarks.md).
+register-blocked micro-kernel, the next weight chunk prefetched at decode sizes) reaches 85-95
+GFLOP/s at 32 rows over the whole model's weights on the same host, and matches `F.linear` at
+prefill sizes (~120 GFLOP/s at 2048 rows over SmolLM2's four layer shapes; see
+docs/benchmarks.md).
 
 Only float32 is packed; bfloat16 keeps `F.linear` on the unpacked weight. Without the compiled
 kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32 uses `F.linear` too.
