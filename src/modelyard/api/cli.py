@@ -137,6 +137,11 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
         host=server.host,
         port=server.port,
         log_level=log_level,
+        # uvicorn's loggers propagate to the root handler configure_logging installed (JSON
+        # lines or text, like every other log line), and its access log is off: the app writes
+        # one structured access line per request itself (modelyard.access)
+        log_config=None,
+        access_log=False,
         timeout_graceful_shutdown=int(server.drain_timeout_s) or None,
         lifespan="on",
     )

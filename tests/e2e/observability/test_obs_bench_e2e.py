@@ -88,8 +88,12 @@ def test_bench_report_and_server_ttft_histogram_agree(
 def test_request_id_echoed_and_errors_counted(server: ServerProcess, tmp_path: Path) -> None:
     r = httpx.get(server.url + "/health", headers={"X-Request-ID": "e2e-obs-1"}, timeout=10)
     assert r.headers["x-request-id"] == "e2e-obs-1"
-    # the server's stderr is a file, so its access log is JSON lines
-    lines = [json.loads(x) for x in server.log().splitlines() if x.startswith("{")]
+    # the server's stderr is a file, so every log line is JSON, uvicorn's own included, and
+    # each request is logged once (no uvicorn access line beside modelyard's)
+    text = [x for x in server.log().splitlines() if x.strip()]
+    lines = [json.loads(x) for x in text if x.startswith("{")]
+    assert not any("GET /health" in x for x in text if not x.startswith("{")), text[-20:]
+    assert any(x.get("logger", "").startswith("uvicorn") for x in lines)
     access = [x for x in lines if x.get("logger") == "modelyard.access"]
     mine = [x for x in access if x.get("request_id") == "e2e-obs-1"]
     assert len(mine) == 1
