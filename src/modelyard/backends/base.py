@@ -9,7 +9,9 @@ Items (one request carries a list of them; the batcher joins items of several re
 
 Outputs (one per item):
 - classification kinds: a ranked list of `{"label": str, "score": float}` (`top_k` option);
-- embedding: `list[float]`;
+- embedding: `list[float]`; with the option `usage: true` (what /v1/embeddings asks for),
+  `{"embedding": list[float], "tokens": int}`, tokens counting what the model read (special
+  tokens included, after truncation);
 - tensor: `dict[name, Tensor]`.
 
 Bad input raises `ValueError` (-> HTTP 400); anything else is a server error.
@@ -72,3 +74,13 @@ def require_text(item: Any, max_chars: int = 100_000) -> str:
 TEXT_METADATA: dict[str, Any] = {
     "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
 }
+
+
+def embedding_outputs(
+    vectors: Sequence[Sequence[float]], tokens: Sequence[int], options: dict[str, Any]
+) -> list[Output]:
+    """Embedding outputs in the shape the options ask for (see the module docstring)."""
+    rows = [[float(x) for x in v] for v in vectors]
+    if options.get("usage") is True:
+        return [{"embedding": r, "tokens": int(n)} for r, n in zip(rows, tokens, strict=True)]
+    return rows

@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.backends.base import TEXT_METADATA, Output, ranked, require_text, top_k_option
+from modelyard.backends.base import (
+    TEXT_METADATA,
+    Output,
+    embedding_outputs,
+    ranked,
+    require_text,
+    top_k_option,
+)
 from modelyard.backends.tensors import from_numpy, to_numpy
 from modelyard.manager.base import ModelKind
 from modelyard.manager.catalog import ModelSpec
@@ -58,8 +65,9 @@ class EchoBackend:
                 }
                 for item in items
             ]
-        if self.spec.kind == ModelKind.EMBEDDING:
-            return [[float(len(text)), float(len(text.split()))] for text in items]
+        if self.spec.kind == ModelKind.EMBEDDING:  # the fake's tokens are characters
+            vectors = [[float(len(text)), float(len(text.split()))] for text in items]
+            return embedding_outputs(vectors, [len(text) for text in items], options)
         labels = list(options.get("labels", self.spec.options.get("labels", ["a", "b"])))
         top_k = top_k_option(options, default=len(labels))
         return [

@@ -21,7 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.backends.base import TEXT_METADATA, Output, ranked, require_text, top_k_option
+from modelyard.backends.base import (
+    TEXT_METADATA,
+    Output,
+    embedding_outputs,
+    ranked,
+    require_text,
+    top_k_option,
+)
 from modelyard.backends.image import IMAGE_METADATA, decode_image, imagenet_labels
 from modelyard.backends.tensors import from_numpy, to_numpy
 from modelyard.manager.catalog import ModelSpec, cache_dir, resolve_source
@@ -123,7 +130,7 @@ class OnnxBackend:
             top_k = top_k_option(options)
             return [ranked(row.tolist(), self._labels, top_k) for row in probs]
         if self.preset == "text-embedding":
-            return self._embed(items)
+            return self._embed(items, options)
         names = [o.name for o in self._session.get_outputs()]
         results: list[Output] = []
         for feed in items:
@@ -133,7 +140,7 @@ class OnnxBackend:
             )
         return results
 
-    def _embed(self, texts: Sequence[str]) -> list[Output]:
+    def _embed(self, texts: Sequence[str], options: dict[str, Any]) -> list[Output]:
         batch = self._tokenizer(
             list(texts), padding=True, truncation=True, max_length=256, return_tensors="np"
         )
@@ -143,7 +150,8 @@ class OnnxBackend:
         mask = batch["attention_mask"][..., None].astype(np.float32)  # (B, T, 1)
         pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)  # (B, H)
         pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-        return [row.tolist() for row in pooled.astype(np.float32)]
+        tokens = batch["attention_mask"].sum(1).tolist()
+        return embedding_outputs(pooled.astype(np.float32).tolist(), tokens, options)
 
     def metadata(self) -> dict[str, Any]:
         if self.preset == "image-classification":

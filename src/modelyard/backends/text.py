@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from modelyard.backends.base import TEXT_METADATA, Output, ranked, require_text, top_k_option
+from modelyard.backends.base import (
+    TEXT_METADATA,
+    Output,
+    embedding_outputs,
+    ranked,
+    require_text,
+    top_k_option,
+)
 from modelyard.manager.catalog import ModelSpec, resolve_source
 
 
@@ -44,6 +51,10 @@ class EmbeddingBackend:
 
     def embed(self, texts: Sequence[str]) -> NDArray[Any]:
         """(n, dim) float32, rows of unit length."""
+        return self.embed_counted(texts)[0]
+
+    def embed_counted(self, texts: Sequence[str]) -> tuple[NDArray[Any], list[int]]:
+        """(n, dim) float32 rows of unit length, and the tokens the model read for each text."""
         import torch
 
         batch = self._tokenizer(
@@ -59,10 +70,11 @@ class EmbeddingBackend:
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, H)
         normed = torch.nn.functional.normalize(pooled, p=2, dim=1)
         result: NDArray[Any] = normed.float().numpy()
-        return result
+        return result, batch["attention_mask"].sum(1).tolist()
 
     def infer(self, items: Sequence[Any], options: dict[str, Any]) -> list[Output]:
-        return [row.tolist() for row in self.embed(items)]
+        vectors, tokens = self.embed_counted(items)
+        return embedding_outputs(vectors.tolist(), tokens, options)
 
     def metadata(self) -> dict[str, Any]:
         dim = int(self._model.config.hidden_size) if self._model is not None else -1

@@ -116,6 +116,8 @@ def test_openai_embeddings(server_url: str) -> None:
     result = client.embeddings.create(model="echo-embedding", input=["one two", "three"])
     assert [d.embedding for d in result.data] == [[7.0, 2.0], [5.0, 1.0]]
     assert result.model == "emb"
+    # the backend's count (the echo fake's tokens are characters), not the route's word count
+    assert result.usage.prompt_tokens == result.usage.total_tokens == 7 + 5
     raw = httpx.post(
         f"{server_url}/v1/embeddings",
         json={"model": "emb", "input": "abc", "encoding_format": "base64"},

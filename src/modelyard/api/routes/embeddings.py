@@ -2,8 +2,9 @@
 
 Request: `{"model", "input": str | [str], "encoding_format": "float"|"base64", "user"?}`.
 Token-array inputs are refused (400): the embedding models tokenize themselves. `usage` counts
-whitespace-separated words (the worker does not report token counts). Errors use the OpenAI
-envelope (api/errors.py handlers).
+the tokens each model read (the backends report them for the option `usage: true`); a backend
+that cannot count them (a remote Triton model) reports whitespace-separated words instead.
+Errors use the OpenAI envelope (api/errors.py handlers).
 """
 
 from __future__ import annotations
@@ -41,20 +42,27 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
     async with provider.lease(body.model) as lease:
         if lease.kind != ModelKind.EMBEDDING:
             raise APIError(400, f"{body.model} is not an embedding model", param="model")
-        vectors = await lease.predictor.predict(texts, {})
+        outputs = await lease.predictor.predict(texts, {"usage": True})
+    vectors, tokens = _split_usage(outputs, texts)
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise APIError(400, f"dimensions must be {len(vectors[0])}", param="dimensions")
     data = [
         {"object": "embedding", "index": i, "embedding": _encode(vector, body.encoding_format)}
         for i, vector in enumerate(vectors)
     ]
-    words = sum(len(text.split()) for text in texts)
     return {
         "object": "list",
         "data": data,
         "model": lease.model_id,
-        "usage": {"prompt_tokens": words, "total_tokens": words},
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _split_usage(outputs: list[Any], texts: list[str]) -> tuple[list[list[float]], int]:
+    """Backend outputs -> (vectors, total tokens); words where the backend gave plain vectors."""
+    if all(isinstance(o, dict) and "embedding" in o for o in outputs):
+        return [o["embedding"] for o in outputs], sum(int(o["tokens"]) for o in outputs)
+    return list(outputs), sum(len(text.split()) for text in texts)
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
