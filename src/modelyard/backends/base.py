@@ -77,10 +77,10 @@ TEXT_METADATA: dict[str, Any] = {
 
 
 def embedding_outputs(
-    vectors: Sequence[Sequence[float]], tokens: Sequence[int], options: dict[str, Any]
+    vectors: list[list[float]], tokens: Sequence[int], options: dict[str, Any]
 ) -> list[Output]:
-    """Embedding outputs in the shape the options ask for (see the module docstring)."""
-    rows = [[float(x) for x in v] for v in vectors]
+    """Embedding outputs (vectors as Python float lists, e.g. from `.tolist()`) in the shape
+    the options ask for (see the module docstring)."""
     if options.get("usage") is True:
-        return [{"embedding": r, "tokens": int(n)} for r, n in zip(rows, tokens, strict=True)]
-    return rows
+        return [{"embedding": v, "tokens": int(n)} for v, n in zip(vectors, tokens, strict=True)]
+    return list(vectors)
