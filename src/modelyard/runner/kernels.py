@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = (_CSRC / "paged_decode.cpp", _CSRC / "fused_ops.cpp", _CSRC / "gemm.cpp")
-_HEADERS = (_CSRC / "vec.h",)
+_HEADERS = (_CSRC / "vec.h", _CSRC / "claim.h")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 
 

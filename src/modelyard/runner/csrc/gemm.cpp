@@ -7,13 +7,15 @@
 // The micro-kernel keeps a 6 x 16 block of y in 12 vector registers and, per k, loads two
 // vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
 // shape). K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
-// in L1 while every row block of x passes over it; panels are split across the ATen thread pool.
+// in L1 while every row block of x passes over it; groups of panels are claimed by the ATen
+// thread pool's threads in turn (claim.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 
+#include "claim.h"
 #include "vec.h"
 
 namespace {
@@ -145,30 +147,39 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // K in near-equal chunks of at most kKC (576 -> 2 x 288, not 256 + 256 + 64)
   const int64_t k_chunk = (k_len + (k_len + kKC - 1) / kKC - 1) / ((k_len + kKC - 1) / kKC);
   const bool prefetch = m > 1 && m <= kMC;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t m0 = 0; m0 < m; m0 += kMC) {  // one block of x rows stays in L2
-      const int64_t rows = std::min(kMC, m - m0);
-      for (int64_t p = begin; p < end; ++p) {
-        const int64_t col = p * kNR, ncols = std::min(kNR, n - col);
-        for (int64_t k0 = 0; k0 < k_len; k0 += k_chunk) {
-          const int64_t kc = std::min(k_chunk, k_len - k0);
-          const bool last = k0 + kc == k_len;
-          const float* chunk = wp + (p * k_len + k0) * kNR;
-          // decode sizes (one block of rows) read each panel chunk from memory once and compute
-          // on it briefly, and hardware prefetchers stop at each 4 KiB page: so the chunk that
-          // comes next (panels are contiguous) is prefetched while this one is computed, a line
-          // every few k over all the row blocks (a burst in the first block alone stalls it).
-          // A single row is bound by memory anyway; at prefill sizes the chunk is reused by
-          // many row blocks and the prefetch only evicts it.
-          const bool ahead = prefetch && (p + 1 < end || !last);
-          const float* next = ahead ? chunk + kc * kNR : nullptr;
-          row_blocks(xp + m0 * k_len + k0, rows, k_len, chunk, kc, k0 == 0,
-                     last && bp != nullptr ? bp + col : nullptr, yp + m0 * n + col, n, ncols,
-                     next);
+  // Units of work are (block of x rows, group of panels), x-row-block-major, claimed by the
+  // threads in turn (claim.h): a few panels each, so the last claims stay short.
+  const int64_t threads = at::get_num_threads();
+  const int64_t group = std::clamp<int64_t>(panels / (8 * threads), 1, 4);
+  const int64_t groups = (panels + group - 1) / group;
+  modelyard::for_each_claimed(
+      (m + kMC - 1) / kMC * groups, [&](int64_t unit, int64_t following, bool) {
+        const int64_t m0 = unit / groups * kMC, rows = std::min(kMC, m - m0);
+        const int64_t begin = unit % groups * group, end = std::min(panels, begin + group);
+        // where this thread goes after this group: the first panel of its next claim
+        const float* after = following < (m + kMC - 1) / kMC * groups
+                                 ? wp + following % groups * group * k_len * kNR
+                                 : nullptr;
+        for (int64_t p = begin; p < end; ++p) {
+          const int64_t col = p * kNR, ncols = std::min(kNR, n - col);
+          for (int64_t k0 = 0; k0 < k_len; k0 += k_chunk) {
+            const int64_t kc = std::min(k_chunk, k_len - k0);
+            const bool last = k0 + kc == k_len;
+            const float* chunk = wp + (p * k_len + k0) * kNR;
+            // decode sizes (one block of rows) read each panel chunk from memory once and
+            // compute on it briefly, and hardware prefetchers stop at each 4 KiB page: so the
+            // chunk that comes next is prefetched while this one is computed, a line every few
+            // k over all the row blocks (a burst in the first block alone stalls it). A single
+            // row is bound by memory anyway; at prefill sizes the chunk is reused by many row
+            // blocks and the prefetch only evicts it.
+            const float* next = nullptr;
+            if (prefetch) next = !last || p + 1 < end ? chunk + kc * kNR : after;
+            row_blocks(xp + m0 * k_len + k0, rows, k_len, chunk, kc, k0 == 0,
+                       last && bp != nullptr ? bp + col : nullptr, yp + m0 * n + col, n, ncols,
+                       next);
+          }
         }
-      }
-    }
-  });
+      });
   return y;
 }
 

@@ -3,13 +3,14 @@
 // One query token per request; the g = nh / nkv query heads that share a KV head are computed
 // together, so each key and value row is read once from the cache, in place: no gather of the
 // request's blocks into a contiguous copy first (that copy was the step's largest memory cost).
-// Work items are (request, KV head) pairs split across the ATen thread pool. Two passes per
+// Work items are (request, KV head) pairs claimed by the ATen thread pool's threads in turn. Two passes per
 // item: scores for every allowed key, then softmax and the weighted sum of values. Keys come in
 // runs of consecutive rows inside one block; the inner loops work on 8-float vectors.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "claim.h"
 #include "vec.h"
 
 #if defined(__AVX__)
@@ -188,33 +189,32 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     }
   };
 
-  at::parallel_for(0, d * nkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    prefetch_item(begin);
-    for (int64_t item = begin; item < end; ++item) {
-      if (item + 1 < end) prefetch_item(item + 1);
-      const int64_t r = item / nkv, h = item % nkv;
-      const auto [first, len] = key_range(r);
-      const int64_t n = len - first, last_block = (len - 1) / bs;
-      scores.resize(static_cast<size_t>(g * n));
-      const float* qh = qp + (r * nh + h * g) * hd;  // the g query rows of this KV head
-      // keys come in runs that stay inside one block: contiguous rows
-      for (int64_t p = first; p < len;) {
-        const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-        if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
-        block_scores(qh, kp + (block_row(r, h, b) + p % bs) * hd, run, g, hd, fscale,
-                     scores.data() + (p - first), n);
-        p += run;
-      }
-      softmax_rows(scores.data(), g, n);
-      float* oh = op + (r * nh + h * g) * hd;
-      for (int64_t p = first; p < len;) {
-        const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-        if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
-        block_values(scores.data() + (p - first), vp + (block_row(r, h, b) + p % bs) * hd, run,
-                     g, hd, n, oh);
-        p += run;
-      }
+  // items are claimed by the threads in turn (claim.h); scores live in a per-thread buffer
+  modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
+    thread_local std::vector<float> scores;
+    if (opening) prefetch_item(item);
+    if (following < d * nkv) prefetch_item(following);
+    const int64_t r = item / nkv, h = item % nkv;
+    const auto [first, len] = key_range(r);
+    const int64_t n = len - first, last_block = (len - 1) / bs;
+    scores.resize(static_cast<size_t>(g * n));
+    const float* qh = qp + (r * nh + h * g) * hd;  // the g query rows of this KV head
+    // keys come in runs that stay inside one block: contiguous rows
+    for (int64_t p = first; p < len;) {
+      const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
+      if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
+      block_scores(qh, kp + (block_row(r, h, b) + p % bs) * hd, run, g, hd, fscale,
+                   scores.data() + (p - first), n);
+      p += run;
+    }
+    softmax_rows(scores.data(), g, n);
+    float* oh = op + (r * nh + h * g) * hd;
+    for (int64_t p = first; p < len;) {
+      const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
+      if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
+      block_values(scores.data() + (p - first), vp + (block_row(r, h, b) + p % bs) * hd, run,
+                   g, hd, n, oh);
+      p += run;
     }
   });
   return out;
