@@ -2,9 +2,10 @@
 
 `csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache;
 `csrc/fused_ops.cpp` the element-wise steps of a decoder layer, one pass each (RMSNorm, residual
-add + RMSNorm, SiLU-and-mul, RoPE + KV-cache write); `csrc/gemm.cpp` the linear layers' GEMM on
-weights packed at load (runner.linear); all float32. They are built with torch's
-C++ extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
+add + RMSNorm, RoPE + KV-cache write); `csrc/gemm.cpp` the linear layers' GEMM on weights packed
+at load (runner.linear), with SwiGLU's activation fused into its gate/up projection; all
+float32; `csrc/claim.h` splits their work across threads. They are built with torch's C++
+extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
 CPU flags, so a changed source or another machine builds afresh and a cached build loads in
 milliseconds. `scripts/setup` builds them ahead (`python -m modelyard.runner.kernels`), so no
@@ -126,12 +127,6 @@ def add_rms_norm(
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """(T, 2I) fused gate|up rows -> (T, I) silu(gate) * up."""
-    out: torch.Tensor = torch.ops.modelyard_kernels.silu_mul(gate_up)
-    return out
-
-
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) for x (R, V) float32 contiguous: the first maximum (NaN counts as
     the maximum), ~6x faster than torch's CPU argmax over (32, 49152) logits."""
@@ -168,6 +163,20 @@ def packed_linear(
 ) -> torch.Tensor:
     """x (M, K) float32 contiguous, `pack_weight` panels, N, bias (N,) or None -> (M, N)."""
     out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear(x, packed, out_features, bias)
+    return out
+
+
+def pack_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate and up weights (I, K) float32 -> panels for `packed_swiglu`, 16 gate rows
+    and the same 16 up rows in turn (zero-padded)."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.pack_swiglu(gate, up)
+    return out
+
+
+def packed_swiglu(x: torch.Tensor, packed: torch.Tensor, width: int) -> torch.Tensor:
+    """x (M, K) float32 contiguous, `pack_swiglu` panels, I -> (M, I) silu(x Wg^T) * (x Wu^T),
+    computed tile by tile: the (M, 2I) projections are never written out."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_swiglu(x, packed, width)
     return out
 
 

@@ -10,6 +10,11 @@ GFLOP/s at 32 rows over the whole model's weights on the same host, and matches 
 prefill sizes (~120 GFLOP/s at 2048 rows over SmolLM2's four layer shapes; see
 docs/benchmarks.md).
 
+`SwiGLU` packs a layer's gate and up weights together, 16 rows of each in turn, and the kernel
+applies silu(gate) * up to each pair of 16-column tiles while they are still in L1, so the
+(T, 2I) projection is never written to memory and read back (at 2048 prefill rows that pass cost
+~3 % of the step).
+
 Only float32 is packed; bfloat16 keeps `F.linear` on the unpacked weight. Without the compiled
 kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32 uses `F.linear` too.
 Results differ from `F.linear` only in summation order (~1e-6 relative).
@@ -54,3 +59,26 @@ class Linear:
         if self._weight is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("Linear has no weight")
         return F.linear(x, self._weight, self._bias)
+
+
+class SwiGLU:
+    """x -> silu(x Wg^T) * (x Wu^T) for Wg, Wu (I, K): a Llama MLP's input side."""
+
+    __slots__ = ("_packed", "_weight", "width")
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, *, pack: bool) -> None:
+        self.width = int(gate.shape[0])
+        self._packed: torch.Tensor | None = None
+        self._weight: torch.Tensor | None = None
+        if pack:
+            self._packed = kernels.pack_swiglu(gate, up)
+        else:
+            self._weight = torch.cat([gate, up]).contiguous()  # one matmul for both
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None:
+            return kernels.packed_swiglu(x.contiguous(), self._packed, self.width)
+        if self._weight is None:  # pragma: no cover - one of the two is always set
+            raise RuntimeError("SwiGLU has no weight")
+        gate, up = F.linear(x, self._weight).chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)

@@ -1,6 +1,6 @@
-"""The runner's Linear: float32 weights packed for the runner's GEMM give F.linear's result (up
-to summation order), at decode and prefill row counts, ragged output widths, with and without
-bias; other dtypes are not packed."""
+"""The runner's Linear and SwiGLU: float32 weights packed for the runner's GEMM give the torch
+result (up to summation order), at decode and prefill row counts, ragged output widths, with and
+without bias; other dtypes are not packed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelyard.runner.linear import Linear, packing_available
+from modelyard.runner.linear import Linear, SwiGLU, packing_available
 
 pytestmark = pytest.mark.unit
 
@@ -28,6 +28,23 @@ def test_packed_linear_matches_f_linear(
     assert layer.out_features == out_features
     # a non-contiguous input (a transposed view) gives the same result
     torch.testing.assert_close(layer(x.t().contiguous().t()), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32, 97, 300])
+@pytest.mark.parametrize(("width", "in_features"), [(3, 40), (64, 576), (1539, 72)])
+def test_packed_swiglu_matches_silu_of_gate_times_up(
+    rows: int, width: int, in_features: int
+) -> None:
+    torch.manual_seed(rows + width)
+    gate, up = torch.randn(width, in_features), torch.randn(width, in_features)
+    x = torch.randn(rows, in_features) * 30  # gates far beyond the exp's clamp at -87 / 88
+    expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5 * float(expected.abs().max())}
+    packed = SwiGLU(gate, up, pack=True)
+    torch.testing.assert_close(packed(x), expected, **tolerance)
+    assert packed.width == width
+    # unpacked (bfloat16, or packing switched off): torch ops on the concatenated weight
+    torch.testing.assert_close(SwiGLU(gate, up, pack=False)(x), expected, **tolerance)
 
 
 def test_bfloat16_is_not_packed_and_unpacked_is_exact() -> None:

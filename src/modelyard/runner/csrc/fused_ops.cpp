@@ -6,7 +6,6 @@
 // ATen thread pool only when there are enough of them to pay for the wake-up.
 //   rms_norm       y = w * (x / sqrt(mean(x^2) + eps))                    (HF LlamaRMSNorm)
 //   add_rms_norm   x += delta in place, then rms_norm(x)                  (residual + norm)
-//   silu_mul       (T, 2I) -> (T, I): silu(gate) * up                     (SwiGLU)
 //   rope_store     rotate-half RoPE on the q and k heads of the fused qkv rows in place, then
 //                  write the step's k and v rows into their paged-cache slots
 //   argmax_rows    torch.argmax(x, -1) for greedy sampling (the first maximum; a NaN counts as
@@ -24,7 +23,6 @@
 
 namespace {
 
-using modelyard::exp8;
 using modelyard::splat;
 using modelyard::v8;
 
@@ -83,30 +81,6 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
 #pragma omp simd
       for (int64_t i = 0; i < h; ++i) row[i] += dp[r * h + i];
       norm_row(row, wp, yp + r * h, h, eps);
-    }
-  });
-  return y;
-}
-
-at::Tensor silu_mul(const at::Tensor& gate_up) {
-  check_float_rows(gate_up, "silu_mul");
-  const int64_t t = gate_up.size(0), i2 = gate_up.size(1), n = i2 / 2;
-  TORCH_CHECK(i2 % 2 == 0, "silu_mul: odd width");
-  auto y = at::empty({t, n}, gate_up.options());
-  const float* gp = gate_up.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, t, row_grain(i2), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* g = gp + r * i2;
-      const float* u = g + n;
-      float* out = yp + r * n;
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8) {
-        const v8 gi = *reinterpret_cast<const v8*>(g + i);
-        const v8 ui = *reinterpret_cast<const v8*>(u + i);
-        *reinterpret_cast<v8*>(out + i) = gi / (splat(1.f) + exp8(-gi)) * ui;
-      }
-      for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
     }
   });
   return y;
@@ -209,14 +183,12 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor weight, float eps) -> Tensor");
-  m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def(
       "rope_store(Tensor(a!) qkv, Tensor cos, Tensor signed_sin, Tensor positions, "
       "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("add_rms_norm", c10::DispatchKey::CPU, &add_rms_norm);
-  m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
   m.impl("argmax_rows", c10::DispatchKey::CPU, &argmax_rows);
   m.impl("rope_store", c10::DispatchKey::CPU, &rope_store);
 }

@@ -20,6 +20,7 @@
 
 namespace {
 
+using modelyard::exp8;
 using modelyard::splat;
 using modelyard::v8;
 
@@ -122,23 +123,35 @@ at::Tensor pack_weight(const at::Tensor& w) {
   return padded.view({panels, kNR, k}).transpose(1, 2).contiguous();
 }
 
-// x (M, K), packed from pack_weight, n = N, bias (N,) or undefined -> (M, N)
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                         const c10::optional<at::Tensor>& bias) {
+// SwiGLU's gate and up weights (I, K) each -> one packed weight whose panels alternate: gate
+// rows 0..15, up rows 0..15, gate rows 16..31, ... (zero rows pad the last pair)
+at::Tensor pack_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.scalar_type() == at::kFloat && gate.dim() == 2 && gate.sizes() == up.sizes() &&
+                  up.scalar_type() == at::kFloat,
+              "pack_swiglu: two float32 (I, K) weights of one shape");
+  const int64_t n = gate.size(0), k = gate.size(1), blocks = (n + kNR - 1) / kNR;
+  auto pad = [&](const at::Tensor& w) {
+    auto padded = at::zeros({blocks * kNR, k}, w.options());
+    padded.narrow(0, 0, n).copy_(w);
+    return padded.view({blocks, kNR, k});
+  };
+  return pack_weight(at::stack({pad(gate), pad(up)}, 1).view({2 * blocks * kNR, k}));
+}
+
+// y (M, n) = x W^T (+ bias), or with swiglu y = silu(x Wg^T) * (x Wu^T) from pack_swiglu's
+// weight: each gate / up panel pair is computed into two small per-thread tiles (L1-resident)
+// and only their product is written, so the (M, 2n) intermediate never goes to memory.
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const float* bp,
+                bool swiglu) {
+  const int64_t per = swiglu ? 2 : 1;  // panels per 16 output columns
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "packed_linear: contiguous float32 (M, K) input");
   TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 3 &&
-                  packed.is_contiguous() && packed.size(2) == kNR,
-              "packed_linear: weight not from pack_weight");
-  const int64_t m = x.size(0), k_len = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) == k_len && n > (panels - 1) * kNR && n <= panels * kNR,
+                  packed.is_contiguous() && packed.size(2) == kNR && packed.size(0) % per == 0,
+              "packed_linear: weight not from pack_weight / pack_swiglu");
+  const int64_t m = x.size(0), k_len = x.size(1), blocks = packed.size(0) / per;
+  TORCH_CHECK(packed.size(1) == k_len && n > (blocks - 1) * kNR && n <= blocks * kNR,
               "packed_linear: shapes do not match");
-  const float* bp = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
-                "packed_linear: bias must be float32 (N,)");
-    bp = bias->data_ptr<float>();
-  }
   auto y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const float* xp = x.data_ptr<float>();
@@ -147,40 +160,73 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // K in near-equal chunks of at most kKC (576 -> 2 x 288, not 256 + 256 + 64)
   const int64_t k_chunk = (k_len + (k_len + kKC - 1) / kKC - 1) / ((k_len + kKC - 1) / kKC);
   const bool prefetch = m > 1 && m <= kMC;
-  // Units of work are (block of x rows, group of panels), x-row-block-major, claimed by the
-  // threads in turn (claim.h): a few panels each, so the last claims stay short.
+  // Units of work are (block of x rows, group of 16-column blocks), x-row-block-major, claimed
+  // by the threads in turn (claim.h): a few blocks each, so the last claims stay short.
   const int64_t threads = at::get_num_threads();
-  const int64_t group = std::clamp<int64_t>(panels / (8 * threads), 1, 4);
-  const int64_t groups = (panels + group - 1) / group;
-  modelyard::for_each_claimed(
-      (m + kMC - 1) / kMC * groups, [&](int64_t unit, int64_t following, bool) {
-        const int64_t m0 = unit / groups * kMC, rows = std::min(kMC, m - m0);
-        const int64_t begin = unit % groups * group, end = std::min(panels, begin + group);
-        // where this thread goes after this group: the first panel of its next claim
-        const float* after = following < (m + kMC - 1) / kMC * groups
-                                 ? wp + following % groups * group * k_len * kNR
-                                 : nullptr;
-        for (int64_t p = begin; p < end; ++p) {
-          const int64_t col = p * kNR, ncols = std::min(kNR, n - col);
-          for (int64_t k0 = 0; k0 < k_len; k0 += k_chunk) {
-            const int64_t kc = std::min(k_chunk, k_len - k0);
-            const bool last = k0 + kc == k_len;
-            const float* chunk = wp + (p * k_len + k0) * kNR;
-            // decode sizes (one block of rows) read each panel chunk from memory once and
-            // compute on it briefly, and hardware prefetchers stop at each 4 KiB page: so the
-            // chunk that comes next is prefetched while this one is computed, a line every few
-            // k over all the row blocks (a burst in the first block alone stalls it). A single
-            // row is bound by memory anyway; at prefill sizes the chunk is reused by many row
-            // blocks and the prefetch only evicts it.
-            const float* next = nullptr;
-            if (prefetch) next = !last || p + 1 < end ? chunk + kc * kNR : after;
-            row_blocks(xp + m0 * k_len + k0, rows, k_len, chunk, kc, k0 == 0,
-                       last && bp != nullptr ? bp + col : nullptr, yp + m0 * n + col, n, ncols,
-                       next);
-          }
+  const int64_t group = std::clamp<int64_t>(blocks / (8 * threads), 1, 4);
+  const int64_t groups = (blocks + group - 1) / group, units = (m + kMC - 1) / kMC * groups;
+  modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
+    const int64_t m0 = unit / groups * kMC, rows = std::min(kMC, m - m0);
+    const int64_t begin = unit % groups * group, end = std::min(blocks, begin + group);
+    // where this thread goes after this group: the first panel of its next claim
+    const float* after =
+        following < units ? wp + following % groups * group * per * k_len * kNR : nullptr;
+    // panel p times the rows into out (ldy, ncols wide), the bias (or nullptr) added at the end
+    auto panel = [&](int64_t p, float* out, int64_t ldy, int64_t ncols, const float* bias) {
+      for (int64_t k0 = 0; k0 < k_len; k0 += k_chunk) {
+        const int64_t kc = std::min(k_chunk, k_len - k0);
+        const bool last = k0 + kc == k_len;
+        const float* chunk = wp + (p * k_len + k0) * kNR;
+        // decode sizes (one block of rows) read each panel chunk from memory once and compute
+        // on it briefly, and hardware prefetchers stop at each 4 KiB page: so the chunk that
+        // comes next is prefetched while this one is computed, a line every few k over all the
+        // row blocks (a burst in the first block alone stalls it). A single row is bound by
+        // memory anyway; at prefill sizes the chunk is reused by many row blocks and the
+        // prefetch only evicts it.
+        const float* next = nullptr;
+        if (prefetch) next = !last || p + 1 < end * per ? chunk + kc * kNR : after;
+        row_blocks(xp + m0 * k_len + k0, rows, k_len, chunk, kc, k0 == 0, last ? bias : nullptr,
+                   out, ldy, ncols, next);
+      }
+    };
+    alignas(32) thread_local float gate[kMC * kNR], up[kMC * kNR];
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t col = q * kNR, ncols = std::min(kNR, n - col);
+      float* out = yp + m0 * n + col;
+      if (!swiglu) {
+        panel(q, out, n, ncols, bp != nullptr ? bp + col : nullptr);
+        continue;
+      }
+      panel(2 * q, gate, kNR, kNR, nullptr);
+      panel(2 * q + 1, up, kNR, kNR, nullptr);
+      for (int64_t r = 0; r < rows; ++r) {
+        alignas(32) float row[kNR];
+        for (int64_t c = 0; c < kNR; c += 8) {
+          const v8 g = load(gate + r * kNR + c), u = load(up + r * kNR + c);
+          *reinterpret_cast<v8*>(row + c) = g / (splat(1.f) + exp8(-g)) * u;
         }
-      });
+        std::copy(row, row + ncols, out + r * n);
+      }
+    }
+  });
   return y;
+}
+
+// x (M, K), packed from pack_weight, n = N, bias (N,) or undefined -> (M, N)
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                         const c10::optional<at::Tensor>& bias) {
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "packed_linear: bias must be float32 (N,)");
+    bp = bias->data_ptr<float>();
+  }
+  return gemm(x, packed, n, bp, false);
+}
+
+// x (M, K), packed from pack_swiglu of (I, K) weights, n = I -> (M, I)
+at::Tensor packed_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  return gemm(x, packed, n, nullptr, true);
 }
 
 }  // namespace
@@ -190,4 +236,8 @@ TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
   m.def("packed_linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
   m.impl("pack_weight", c10::DispatchKey::CPU, &pack_weight);
   m.impl("packed_linear", c10::DispatchKey::CPU, &packed_linear);
+  m.def("pack_swiglu(Tensor gate, Tensor up) -> Tensor");
+  m.def("packed_swiglu(Tensor x, Tensor packed, int n) -> Tensor");
+  m.impl("pack_swiglu", c10::DispatchKey::CPU, &pack_swiglu);
+  m.impl("packed_swiglu", c10::DispatchKey::CPU, &packed_swiglu);
 }

@@ -3,7 +3,8 @@
 All new tokens of a step are flattened into one (T, hidden) tensor, so each weight is one
 matmul per step for the whole batch; only attention looks at requests (runner.attention).
 q/k/v are fused into one weight and gate/up into another at load time, and in float32 every
-weight is packed once for oneDNN (runner.linear). The lm_head runs only on the rows that are
+weight is packed once for the runner's GEMM (runner.linear), which applies SwiGLU's activation
+to the gate/up tiles as it makes them. The lm_head runs only on the rows that are
 sampled. Weights come straight from the HF safetensors files.
 """
 
@@ -14,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
-from modelyard.runner.linear import Linear, packing_available
+from modelyard.runner.linear import Linear, SwiGLU, packing_available
 
 NATIVE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 _STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -47,7 +47,7 @@ class LayerWeights:
     qkv: Linear  # H -> (nh + 2 * nkv) * hd, with bias for Qwen2 / Llama attention_bias
     o: Linear  # nh * hd -> H, with bias for Llama attention_bias
     post_norm: torch.Tensor  # (H,)
-    gate_up: Linear  # H -> 2 * I
+    mlp_in: SwiGLU  # H -> I: silu(gate) * up
     down: Linear  # I -> H
 
 
@@ -147,8 +147,7 @@ class LlamaModel:
         store_kv(k, v, k_cache, v_cache, meta)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh, hd)
         x = x + w.o(attn.view(t, nh * hd))
-        gate, up = w.gate_up(_rms_norm(x, w.post_norm, self.eps)).chunk(2, dim=-1)
-        return x + w.down(F.silu(gate).mul_(up))  # (T, H)
+        return x + w.down(w.mlp_in(_rms_norm(x, w.post_norm, self.eps)))  # (T, H)
 
     def _fused_layers(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Every decoder layer with the compiled element-wise ops (float32): the same math as
@@ -169,7 +168,7 @@ class LlamaModel:
             v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
             h = kernels.add_rms_norm(x, w.o(attn.view(t, nh * hd)), w.post_norm, self.eps)
-            mlp = w.down(kernels.silu_mul(w.gate_up(h)))
+            mlp = w.down(w.mlp_in(h))
             if i + 1 < len(self.layers):
                 h = kernels.add_rms_norm(x, mlp, self.layers[i + 1].input_norm, self.eps)
             else:
@@ -257,12 +256,11 @@ def _layer(
             ]
         )
     qkv = torch.cat([get(f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")])
-    gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
     return LayerWeights(
         input_norm=get("input_layernorm.weight"),
         qkv=Linear(qkv.contiguous(), qkv_bias, pack=pack),
         o=Linear(get("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"), pack=pack),
         post_norm=get("post_attention_layernorm.weight"),
-        gate_up=Linear(gate_up.contiguous(), None, pack=pack),
+        mlp_in=SwiGLU(get("mlp.gate_proj.weight"), get("mlp.up_proj.weight"), pack=pack),
         down=Linear(get("mlp.down_proj.weight"), None, pack=pack),
     )
