@@ -8,7 +8,9 @@
 // vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
 // shape). K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
 // in L1 while every row block of x passes over it; groups of panels are claimed by the ATen
-// thread pool's threads in turn (claim.h).
+// thread pool's threads in turn (claim.h). For a Llama MLP's gate and up projections
+// (pack_swiglu, packed_swiglu) gate and up panels alternate and silu(gate) * up is applied to
+// each tile pair while it is in L1, so the (M, 2I) projection is never written to memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -138,6 +140,20 @@ at::Tensor pack_swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return pack_weight(at::stack({pad(gate), pad(up)}, 1).view({2 * blocks * kNR, k}));
 }
 
+// out[r][0..ncols) = silu(gate[r]) * up[r] for the rows of two (rows, 16) tiles (ldy: out's
+// row stride)
+void swiglu_tile(const float* gate, const float* up, int64_t rows, float* out, int64_t ldy,
+                 int64_t ncols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    alignas(32) float row[kNR];
+    for (int64_t c = 0; c < kNR; c += 8) {
+      const v8 g = load(gate + r * kNR + c), u = load(up + r * kNR + c);
+      *reinterpret_cast<v8*>(row + c) = g / (splat(1.f) + exp8(-g)) * u;
+    }
+    std::copy(row, row + ncols, out + r * ldy);
+  }
+}
+
 // y (M, n) = x W^T (+ bias), or with swiglu y = silu(x Wg^T) * (x Wu^T) from pack_swiglu's
 // weight: each gate / up panel pair is computed into two small per-thread tiles (L1-resident)
 // and only their product is written, so the (M, 2n) intermediate never goes to memory.
@@ -199,14 +215,7 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
       }
       panel(2 * q, gate, kNR, kNR, nullptr);
       panel(2 * q + 1, up, kNR, kNR, nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        alignas(32) float row[kNR];
-        for (int64_t c = 0; c < kNR; c += 8) {
-          const v8 g = load(gate + r * kNR + c), u = load(up + r * kNR + c);
-          *reinterpret_cast<v8*>(row + c) = g / (splat(1.f) + exp8(-g)) * u;
-        }
-        std::copy(row, row + ncols, out + r * n);
-      }
+      swiglu_tile(gate, up, rows, out, n, ncols);
     }
   });
   return y;
