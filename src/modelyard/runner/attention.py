@@ -11,9 +11,9 @@ physical blocks of its positions in order; the slot of position p is
 mapping, padded block tables, masks); `paged_attention` then runs per layer with tensor ops only:
 1. write the new K/V into their slots (`store_kv`: one index_copy_ per tensor; in float32 the
    model's fused RoPE op writes them instead);
-2. decodes (one new token each) attend together. In float32 with the runner's kernels built
-   (runner.kernels), one C++ call reads their K/V in place through the block tables. Otherwise
-   (bfloat16, or no compiler) the torch path gathers their blocks request-major with one
+2. decodes (one new token each) attend together. With the runner's kernels built
+   (runner.kernels; float32 or bfloat16), one C++ call reads their K/V in place through the block
+   tables. Otherwise (no compiler) the torch path gathers their blocks request-major with one
    index_select into scratch buffers allocated once per step and shared by every layer (a fresh
    1-2 MB tensor per layer costs more in page faults than the copy itself), then run one grouped
    attention (`grouped_decode_attention`) on the contiguous (D, nkv, L, hd) result: the g query
@@ -266,9 +266,10 @@ def _decode_attention(
 
 
 def native_decode_ready(dtype: torch.dtype, head_dim: int) -> bool:
-    """True when decodes use the compiled kernel (float32, head_dim a multiple of 8, kernels
-    built), else the torch path below."""
-    return dtype == torch.float32 and head_dim % 8 == 0 and kernels.load()
+    """True when decodes use the compiled kernel (float32 or bfloat16, head_dim a multiple of 8,
+    kernels built), else the torch path below."""
+    native = dtype in (torch.float32, torch.bfloat16) and head_dim % 8 == 0
+    return native and kernels.load()
 
 
 def grouped_decode_attention(

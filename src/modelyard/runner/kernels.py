@@ -1,9 +1,10 @@
 """Native CPU kernels of the runner, compiled once per machine and cached.
 
-`csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache;
+`csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache
+(float32 or bfloat16);
 `csrc/fused_ops.cpp` the element-wise steps of a decoder layer, one pass each (RMSNorm, residual
 add + RMSNorm, RoPE + KV-cache write); `csrc/gemm.cpp` the linear layers' GEMM on weights packed
-at load (runner.linear), with SwiGLU's activation fused into its gate/up projection; all
+at load (runner.linear), with SwiGLU's activation fused into its gate/up projection; these
 float32; `csrc/claim.h` splits their work across threads. They are built with torch's C++
 extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
@@ -105,8 +106,9 @@ def paged_decode_attention(
     scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    """q (D, nh, hd) float32; caches (nkv, NB, bs, hd); block_tables (D, nb_max) long;
-    seq_lens (D,) long keys per request -> (D, nh, hd). Call only after `load()` is True."""
+    """q (D, nh, hd) float32 or bfloat16; caches (nkv, NB, bs, hd) of q's dtype; block_tables
+    (D, nb_max) long; seq_lens (D,) long keys per request -> (D, nh, hd) of q's dtype. Call only
+    after `load()` is True."""
     out: torch.Tensor = torch.ops.modelyard_kernels.paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0
     )

@@ -168,6 +168,12 @@ class HFReference:
             self._memo[key] = [int(t) for t in out[0, len(prompt) :]]
         return self._memo[key]
 
+    def next_logits(self, ids: Sequence[int], dtype: str) -> torch.Tensor:
+        """transformers' float32 view of its next-token logits after `ids` (one forward)."""
+        with torch.inference_mode():
+            logits = self._model(dtype)(torch.tensor([list(ids)]), logits_to_keep=1).logits
+        return logits[0, -1].float()
+
     def forced_argmax(self, prompt: Sequence[int], tokens: Sequence[int], dtype: str) -> list[int]:
         """transformers' argmax after prompt + tokens[:i], for every i (one forward)."""
         if not tokens:

@@ -7,6 +7,7 @@ with prefix caching, chunked prefill and forced preemption; a bfloat16 smoke run
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -141,8 +142,26 @@ def test_forced_preemption(
 def test_bfloat16_batch_smoke(
     runner: ModelRunner, ref: HFReference, batch: dict[str, list[int]]
 ) -> None:
+    """bf16 tokens equal transformers' bf16 `generate`, except where its logits tie.
+
+    bf16 logits are coarse (a step of 0.125 at 16-32), so two top logits often tie exactly or
+    sit one step apart, and a last-bit difference anywhere (transformers attends one request
+    without a mask; the engine batches) decides the tie. Where a request's tokens part from
+    `generate`, ours must be within one bf16 step of transformers' best at that point (after
+    the same tokens), and the request stops being compared there."""
     bf16 = load_runner(DEFAULT_MODEL, dtype="bfloat16", num_blocks=48)
     prompts = {rid: ids for rid, ids in batch.items() if len(ids) in (5, 12, 23, 40, 64)}
     run = run_core(make_core(bf16), prompts)
-    expected = {rid: ref.greedy(ids, MAX_TOKENS, "bfloat16") for rid, ids in prompts.items()}
-    assert run.tokens == expected
+    parted = 0
+    for rid, ids in prompts.items():
+        ours, expected = run.tokens[rid], ref.greedy(ids, MAX_TOKENS, "bfloat16")
+        assert len(ours) == len(expected)
+        if ours == expected:
+            continue
+        parted += 1
+        i = next(i for i, (a, b) in enumerate(zip(ours, expected, strict=True)) if a != b)
+        logits = ref.next_logits([*ids, *expected[:i]], "bfloat16")
+        best = float(logits.max())
+        step = 2.0 ** (math.floor(math.log2(abs(best))) - 7)  # one bf16 step at that size
+        assert float(logits[ours[i]]) >= best - step, (rid, i, ours[i], expected[i])
+    assert parted <= 1, f"{parted} of {len(prompts)} requests parted from generate"

@@ -170,3 +170,33 @@ def test_native_kernel_rejects_a_block_id_outside_the_cache() -> None:
         kernels.paged_decode_attention(
             q, k_cache, v_cache, torch.tensor([[1]]), torch.tensor([BS + 1]), SCALE, None
         )
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_native_bfloat16_decode_matches_sdpa_to_one_rounding(
+    window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel reads a bf16 cache in place and follows SDPA's bf16 arithmetic; only the
+    float32 summation order differs, so a probability (rounded to bf16 before the sum over
+    values, as SDPA does) or an output lands on the other bf16 neighbour now and then: a
+    difference of about one bf16 step of the values' scale, in a few elements."""
+    assert attention.native_decode_ready(torch.bfloat16, HD)
+    torch.manual_seed(3)
+    starts = [0, 3, 17, 8, 14]
+    tables = [[4], [2], [7, 1, 9, 3, 5], [6, 8, 10], [11, 12, 13, 14]]
+    k_cache, v_cache = _cache(15)
+    k_cache, v_cache = k_cache.bfloat16(), v_cache.bfloat16()
+    for table, s in zip(tables, starts, strict=True):
+        k, v = torch.randn(s, NKV, HD), torch.randn(s, NKV, HD)
+        _write_history((k_cache, v_cache), table, k.bfloat16(), v.bfloat16())
+    q = torch.randn(len(starts), NH, HD).bfloat16()
+    meta = AttentionMetadata.build(starts, [1] * len(starts), tables, BS, window)
+    new_k = torch.randn(len(starts), NKV, HD).bfloat16()
+    new_v = torch.randn(len(starts), NKV, HD).bfloat16()
+    store_kv(new_k, new_v, k_cache, v_cache, meta)
+    native = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    monkeypatch.setattr(attention, "native_decode_ready", lambda dtype, head_dim: False)
+    sdpa = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    assert native.dtype == torch.bfloat16
+    torch.testing.assert_close(native.float(), sdpa.float(), atol=2**-9, rtol=2**-7)
+    assert (native == sdpa).float().mean() > 0.95

@@ -1,6 +1,6 @@
 """The runner's Linear and SwiGLU: float32 weights packed for the runner's GEMM give the torch
 result (up to summation order), at decode and prefill row counts, ragged output widths, with and
-without bias; other dtypes are not packed."""
+without bias; bfloat16 weights packed by oneDNN give F.linear's bits."""
 
 from __future__ import annotations
 
@@ -47,12 +47,29 @@ def test_packed_swiglu_matches_silu_of_gate_times_up(
     torch.testing.assert_close(SwiGLU(gate, up, pack=False)(x), expected, **tolerance)
 
 
-def test_bfloat16_is_not_packed_and_unpacked_is_exact() -> None:
-    assert not packing_available(torch.bfloat16)
-    weight, x = torch.randn(8, 4, dtype=torch.bfloat16), torch.randn(3, 4, dtype=torch.bfloat16)
-    torch.testing.assert_close(
-        Linear(weight, None, pack=False)(x), F.linear(x, weight), rtol=0, atol=0
-    )
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 32, 300])
+def test_bfloat16_packed_or_not_is_exactly_f_linear(pack: bool, rows: int) -> None:
+    """bf16 weights packed in oneDNN's layout (where oneDNN has native bf16) run the kernels
+    F.linear runs: identical bits, with and without bias, for SwiGLU too."""
+    if pack and not packing_available(torch.bfloat16):
+        pytest.skip("no native oneDNN bf16 on this host: bf16 weights stay unpacked")
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(96, 576).bfloat16(), torch.randn(96).bfloat16()
+    x = torch.randn(rows, 576).bfloat16()
+    for b in (None, bias):
+        layer = Linear(weight, b, pack=pack)
+        torch.testing.assert_close(layer(x), F.linear(x, weight, b), rtol=0, atol=0)
+    gate, up = torch.randn(40, 576).bfloat16(), torch.randn(40, 576).bfloat16()
+    expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
+    torch.testing.assert_close(SwiGLU(gate, up, pack=pack)(x), expected, rtol=0, atol=0)
+
+
+def test_bfloat16_packing_follows_the_host() -> None:
+    """Packed exactly where oneDNN runs bf16 natively (AVX-512 BF16 / AMX)."""
+    with open("/proc/cpuinfo") as f:
+        native = any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f)
+    assert packing_available(torch.bfloat16) == (native and torch.backends.mkldnn.is_available())
 
 
 def test_packing_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:

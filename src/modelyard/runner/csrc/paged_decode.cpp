@@ -1,4 +1,4 @@
-// Decode attention straight from the paged KV cache (float32, CPU).
+// Decode attention straight from the paged KV cache (float32 or bfloat16, CPU).
 //
 // One query token per request; the g = nh / nkv query heads that share a KV head are computed
 // together, so each key and value row is read once from the cache, in place: no gather of the
@@ -6,6 +6,10 @@
 // Work items are (request, KV head) pairs claimed by the ATen thread pool's threads in turn. Two passes per
 // item: scores for every allowed key, then softmax and the weighted sum of values. Keys come in
 // runs of consecutive rows inside one block; the inner loops work on 8-float vectors.
+// A bfloat16 cache is read as is and widened to float32 in registers (half the bytes of a
+// float32 cache); the arithmetic follows SDPA's CPU flash kernel for bf16: float32 scores and
+// softmax, the unnormalised probabilities rounded to bf16 for the sum over values (float32
+// accumulators), then one multiply by 1 / sum and the output rounded to bf16.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -20,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -28,6 +33,16 @@ using modelyard::exp8;
 using modelyard::hsum;
 using modelyard::splat;
 using modelyard::v8;
+
+inline v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
+
+// 8 bf16 -> 8 floats (exact: a bf16 is the high half of a float)
+inline v8 load8(const at::BFloat16* p) {
+  typedef unsigned short u16x8 __attribute__((vector_size(16), aligned(2)));
+  typedef unsigned u32x8 __attribute__((vector_size(32)));
+  const u32x8 wide = __builtin_convertvector(*reinterpret_cast<const u16x8*>(p), u32x8) << 16;
+  return reinterpret_cast<const v8&>(wide);
+}
 
 // The four horizontal sums of a, b, c, d into s[0..3].
 inline void hsum4(v8 a, v8 b, v8 c, v8 d, float* s) {
@@ -44,21 +59,22 @@ inline void hsum4(v8 a, v8 b, v8 c, v8 d, float* s) {
 // Scores of the g query rows q (g, hd) against n consecutive key rows k (n, hd), scaled, into
 // s[j * stride + t]. Four keys at a time per query row: four independent accumulators, one
 // load of each key chunk per query row, and one horizontal reduction for the four.
-inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, int64_t hd,
+template <typename T>
+inline void block_scores(const float* q, const T* k, int64_t n, int64_t g, int64_t hd,
                          float scale, float* s, int64_t stride) {
   const int64_t chunks = hd / 8;
   int64_t t = 0;
   for (; t + 4 <= n; t += 4) {
-    const float* k0 = k + t * hd;
+    const T* k0 = k + t * hd;
     for (int64_t j = 0; j < g; ++j) {
       const float* qj = q + j * hd;
       v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
       for (int64_t c = 0; c < chunks; ++c) {
         const v8 qc = *reinterpret_cast<const v8*>(qj + c * 8);
-        a0 += qc * *reinterpret_cast<const v8*>(k0 + c * 8);
-        a1 += qc * *reinterpret_cast<const v8*>(k0 + hd + c * 8);
-        a2 += qc * *reinterpret_cast<const v8*>(k0 + 2 * hd + c * 8);
-        a3 += qc * *reinterpret_cast<const v8*>(k0 + 3 * hd + c * 8);
+        a0 += qc * load8(k0 + c * 8);
+        a1 += qc * load8(k0 + hd + c * 8);
+        a2 += qc * load8(k0 + 2 * hd + c * 8);
+        a3 += qc * load8(k0 + 3 * hd + c * 8);
       }
       float* out = s + j * stride + t;
       hsum4(a0, a1, a2, a3, out);
@@ -66,12 +82,12 @@ inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, i
     }
   }
   for (; t < n; ++t) {
-    const float* key = k + t * hd;
+    const T* key = k + t * hd;
     for (int64_t j = 0; j < g; ++j) {
       const float* qj = q + j * hd;
       v8 acc = {};
       for (int64_t c = 0; c < chunks; ++c) {
-        acc += *reinterpret_cast<const v8*>(qj + c * 8) * *reinterpret_cast<const v8*>(key + c * 8);
+        acc += *reinterpret_cast<const v8*>(qj + c * 8) * load8(key + c * 8);
       }
       s[j * stride + t] = hsum(acc) * scale;
     }
@@ -81,7 +97,8 @@ inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, i
 // out (g, hd) += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, hd).
 // 32 columns (four 8-float chunks) of one query row at a time, summed in registers over the n
 // rows: four independent chains, one broadcast weight per row; then any last 8-column chunks.
-inline void block_values(const float* p, const float* v, int64_t n, int64_t g, int64_t hd,
+template <typename T>
+inline void block_values(const float* p, const T* v, int64_t n, int64_t g, int64_t hd,
                          int64_t stride, float* out) {
   for (int64_t j = 0; j < g; ++j) {
     const float* w = p + j * stride;
@@ -91,18 +108,18 @@ inline void block_values(const float* p, const float* v, int64_t n, int64_t g, i
       v8 a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3];
       for (int64_t t = 0; t < n; ++t) {
         const v8 wt = splat(w[t]);
-        const float* row = v + t * hd + c;
-        a0 += wt * *reinterpret_cast<const v8*>(row);
-        a1 += wt * *reinterpret_cast<const v8*>(row + 8);
-        a2 += wt * *reinterpret_cast<const v8*>(row + 16);
-        a3 += wt * *reinterpret_cast<const v8*>(row + 24);
+        const T* row = v + t * hd + c;
+        a0 += wt * load8(row);
+        a1 += wt * load8(row + 8);
+        a2 += wt * load8(row + 16);
+        a3 += wt * load8(row + 24);
       }
       o[0] = a0, o[1] = a1, o[2] = a2, o[3] = a3;
     }
     for (; c < hd; c += 8) {
       v8* o = reinterpret_cast<v8*>(out + j * hd + c);
       v8 acc = *o;
-      for (int64_t t = 0; t < n; ++t) acc += w[t] * *reinterpret_cast<const v8*>(v + t * hd + c);
+      for (int64_t t = 0; t < n; ++t) acc += w[t] * load8(v + t * hd + c);
       *o = acc;
     }
   }
@@ -110,11 +127,14 @@ inline void block_values(const float* p, const float* v, int64_t n, int64_t g, i
 
 constexpr int64_t kPrefetchBytes = 128 * 1024;  // K+V of one item prefetched ahead, at most
 
-inline void prefetch_rows(const float* x, int64_t count) {
-  for (int64_t i = 0; i < count; i += 16) __builtin_prefetch(x + i, 0, 3);  // 64-byte lines
+template <typename T>
+inline void prefetch_rows(const T* x, int64_t count) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t i = 0; i < count; i += kLine) __builtin_prefetch(x + i, 0, 3);  // 64-byte lines
 }
 
-void softmax_rows(float* s, int64_t g, int64_t n) {
+// Each of the g rows of s (n wide) -> exp(s - max); returns 1 / sum of a row in inv[j]
+void exp_rows(float* s, int64_t g, int64_t n, float* inv) {
   for (int64_t j = 0; j < g; ++j) {
     float* row = s + j * n;
     const float m = *std::max_element(row, row + n);
@@ -130,40 +150,49 @@ void softmax_rows(float* s, int64_t g, int64_t n) {
       row[i] = std::exp(row[i] - m);
       sum += row[i];
     }
-    const float inv = 1.f / sum;
-    for (i = 0; i < n; ++i) row[i] *= inv;
+    inv[j] = 1.f / sum;
   }
 }
 
-// q (D, nh, hd); caches (nkv, NB, bs, hd); block_tables (D, nb_max) int64; seq_lens (D,) int64
-// (keys per request, the query being the last); window 0 = none. Returns (D, nh, hd).
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& seq_lens, double scale, int64_t window) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat,
-              "paged_decode_attention: float32 only");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  block_tables.is_contiguous() && seq_lens.is_contiguous(),
-              "paged_decode_attention: contiguous tensors only");
+// float32: normalised probabilities; bf16 (SDPA's order): unnormalised, rounded to bf16, and
+// the 1 / sum applied to the output instead (finish_rows)
+template <typename T>
+void softmax_rows(float* s, int64_t g, int64_t n, float* inv) {
+  exp_rows(s, g, n, inv);
+  for (int64_t j = 0; j < g; ++j) {
+    float* row = s + j * n;
+    for (int64_t i = 0; i < n; ++i) {
+      row[i] = std::is_same_v<T, float> ? row[i] * inv[j]
+                                        : static_cast<float>(static_cast<at::BFloat16>(row[i]));
+    }
+  }
+}
+
+template <typename T>
+void finish_rows(float* out, int64_t g, int64_t hd, const float* inv) {
+  if constexpr (!std::is_same_v<T, float>) {
+    for (int64_t j = 0; j < g; ++j) {
+      for (int64_t c = 0; c < hd; ++c) out[j * hd + c] *= inv[j];
+    }
+  }
+}
+
+// q (D, nh, hd) float32; caches (nkv, NB, bs, hd) of T; block_tables (D, nb_max) int64;
+// seq_lens (D,) int64 (keys per request, the query being the last); window 0 = none.
+// Returns (D, nh, hd) float32.
+template <typename T>
+at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                  int64_t window) {
   const int64_t d = q.size(0), nh = q.size(1), hd = q.size(2);
   const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
   const int64_t g = nh / nkv, nb_max = block_tables.size(1);
-  TORCH_CHECK(nh % nkv == 0 && k_cache.size(3) == hd && hd % 8 == 0,
-              "paged_decode_attention: bad shapes");
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = seq_lens.data_ptr<int64_t>();
-  for (int64_t r = 0; r < d; ++r) {
-    TORCH_CHECK(lens[r] >= 1 && lens[r] <= nb_max * bs, "paged_decode_attention: bad seq_len");
-    for (int64_t b = 0; b < (lens[r] + bs - 1) / bs; ++b) {
-      const int64_t block = tables[r * nb_max + b];
-      TORCH_CHECK(block >= 0 && block < nblocks, "paged_decode_attention: bad block id");
-    }
-  }
   auto out = at::zeros_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
 
@@ -181,7 +210,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto prefetch_item = [&](int64_t item) {
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = key_range(r);
-    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(float)));
+    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(T)));
     const int64_t stop = std::min((len - 1) / bs + 1, first / bs + budget);
     for (int64_t b = first / bs; b < stop; ++b) {
       prefetch_rows(kp + block_row(r, h, b) * hd, bs * hd);
@@ -192,6 +221,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   // items are claimed by the threads in turn (claim.h); scores live in a per-thread buffer
   modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
     thread_local std::vector<float> scores;
+    alignas(32) float inv[64];  // 1 / softmax sum of each of the g query rows
     if (opening) prefetch_item(item);
     if (following < d * nkv) prefetch_item(following);
     const int64_t r = item / nkv, h = item % nkv;
@@ -207,7 +237,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                    scores.data() + (p - first), n);
       p += run;
     }
-    softmax_rows(scores.data(), g, n);
+    softmax_rows<T>(scores.data(), g, n, inv);
     float* oh = op + (r * nh + h * g) * hd;
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
@@ -216,8 +246,40 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                    g, hd, n, oh);
       p += run;
     }
+    finish_rows<T>(oh, g, hd, inv);
   });
   return out;
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, double scale, int64_t window) {
+  const auto type = k_cache.scalar_type();
+  TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && q.scalar_type() == type &&
+                  v_cache.scalar_type() == type,
+              "paged_decode_attention: float32 or bfloat16 q and caches, all of one dtype");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_tables.is_contiguous() && seq_lens.is_contiguous(),
+              "paged_decode_attention: contiguous tensors only");
+  const int64_t d = q.size(0), nh = q.size(1), hd = q.size(2);
+  const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
+  const int64_t nb_max = block_tables.size(1);
+  TORCH_CHECK(nh % nkv == 0 && nh / nkv <= 64 && k_cache.size(3) == hd && hd % 8 == 0,
+              "paged_decode_attention: bad shapes");
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  for (int64_t r = 0; r < d; ++r) {
+    TORCH_CHECK(lens[r] >= 1 && lens[r] <= nb_max * bs, "paged_decode_attention: bad seq_len");
+    for (int64_t b = 0; b < (lens[r] + bs - 1) / bs; ++b) {
+      const int64_t block = tables[r * nb_max + b];
+      TORCH_CHECK(block >= 0 && block < nblocks, "paged_decode_attention: bad block id");
+    }
+  }
+  if (type == at::kFloat) return decode<float>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+  // bf16: float32 queries (exact), the float32 result rounded to bf16 once at the end
+  return decode<at::BFloat16>(q.to(at::kFloat), k_cache, v_cache, block_tables, seq_lens, scale,
+                              window)
+      .to(at::kBFloat16);
 }
 
 }  // namespace
