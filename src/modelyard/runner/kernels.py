@@ -1,11 +1,11 @@
 """Native CPU kernels of the runner, compiled once per machine and cached.
 
-`csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache
-(float32 or bfloat16);
+`csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache;
 `csrc/fused_ops.cpp` the element-wise steps of a decoder layer, one pass each (RMSNorm, residual
-add + RMSNorm, RoPE + KV-cache write); `csrc/gemm.cpp` the linear layers' GEMM on weights packed
-at load (runner.linear), with SwiGLU's activation fused into its gate/up projection; these
-float32; `csrc/claim.h` splits their work across threads. They are built with torch's C++
+add + RMSNorm, RoPE + KV-cache write, bf16 SwiGLU activation); these take float32 or bfloat16.
+`csrc/gemm.cpp` holds the float32 linear layers' GEMM on weights packed at load (runner.linear),
+with SwiGLU's activation fused into its gate/up projection; `csrc/claim.h` splits their work
+across threads. They are built with torch's C++
 extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
 CPU flags, so a changed source or another machine builds afresh and a cached build loads in
@@ -116,7 +116,8 @@ def paged_decode_attention(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (T, H) float32 contiguous -> weight * x / sqrt(mean(x^2) + eps), as HF's RMSNorm."""
+    """x (T, H) float32 or bfloat16 contiguous -> weight * x / sqrt(mean(x^2) + eps), as HF's
+    RMSNorm (in bf16 with its roundings)."""
     out: torch.Tensor = torch.ops.modelyard_kernels.rms_norm(x, weight, eps)
     return out
 
@@ -126,6 +127,13 @@ def add_rms_norm(
 ) -> torch.Tensor:
     """x += delta in place (the residual stream), then return rms_norm(x)."""
     out: torch.Tensor = torch.ops.modelyard_kernels.add_rms_norm(x, delta, weight, eps)
+    return out
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """x (T, 2I) bfloat16 contiguous rows [gate | up] -> silu(gate) * up (T, I), rounded to bf16
+    after the silu and after the product, as the two torch ops do."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.silu_mul(x)
     return out
 
 

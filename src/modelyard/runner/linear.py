@@ -128,5 +128,8 @@ class SwiGLU:
             return kernels.packed_swiglu(x.contiguous(), self._packed, self.width)
         if self._both is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("SwiGLU has no weight")
-        gate, up = self._both(x).chunk(2, dim=-1)
+        both = self._both(x)
+        if both.dtype == torch.bfloat16 and kernels.load():  # one pass, torch's two roundings
+            return kernels.silu_mul(both.contiguous())
+        gate, up = both.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)

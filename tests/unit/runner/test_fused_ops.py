@@ -1,5 +1,6 @@
 """The compiled element-wise ops (runner.kernels / csrc/fused_ops.cpp) against the torch ops
-they replace, and a whole float32 forward with and without them."""
+they replace, in float32 and bfloat16 (where they must round where the torch ops do), and a
+whole forward with and without them."""
 
 from __future__ import annotations
 
@@ -54,6 +55,49 @@ def test_rope_store_rotates_in_place_and_writes_the_cache() -> None:
     assert not flat_v[untouched].any()
 
 
+def _bf16_steps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many bf16 steps apart two bf16 tensors of one sign pattern are, elementwise."""
+    bits = [t.view(torch.int16).to(torch.int32) for t in (a, b)]
+    return (bits[0] - bits[1]).abs()
+
+
+def test_bfloat16_rope_store_is_exactly_torchs() -> None:
+    """Each product rounded to bf16, then their sum: the same bits as HF's bf16 RoPE."""
+    torch.manual_seed(4)
+    nh, nkv, hd, bs, num_blocks = 6, 2, 16, 4, 5
+    config = type("Config", (), {"rope_parameters": {"rope_theta": 10000.0}})()
+    cos, sin = llama._rotary_tables(config, hd, torch.bfloat16, 64)
+    positions, slots = torch.tensor([0, 7, 63]), torch.tensor([3, 17, 9])
+    qkv = torch.randn(3, (nh + 2 * nkv) * hd).bfloat16()
+    cache = torch.zeros(nkv, num_blocks, bs, hd, dtype=torch.bfloat16)
+    k_cache, v_cache = cache, cache.clone()
+    heads = qkv.view(3, nh + 2 * nkv, hd)
+    expected_qk = llama._rope(heads[:, : nh + nkv], cos[positions, None], sin[positions, None])
+    expected_v = heads[:, nh + nkv :].clone()
+    kernels.rope_store(qkv, cos, sin, positions, k_cache, v_cache, slots, nh)
+    torch.testing.assert_close(heads[:, : nh + nkv], expected_qk, atol=0, rtol=0)
+    flat_k, flat_v = k_cache.view(nkv, -1, hd), v_cache.view(nkv, -1, hd)
+    torch.testing.assert_close(
+        flat_k[:, slots].transpose(0, 1), expected_qk[:, nh:], atol=0, rtol=0
+    )
+    torch.testing.assert_close(flat_v[:, slots].transpose(0, 1), expected_v, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("rows", "width"), [(1, 13), (32, 1536), (300, 40)])
+def test_bfloat16_silu_mul_rounds_like_torchs_two_ops(rows: int, width: int) -> None:
+    torch.manual_seed(width)
+    both = (torch.randn(rows, 2 * width) * 4).bfloat16()
+    both[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # far past the exp clamp, and zeros
+    gate, up = both.chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    ours = kernels.silu_mul(both)
+    assert ours.dtype == torch.bfloat16
+    assert ours.shape == (rows, width)
+    # exp differs from torch's in the last float32 bit at most: now and then a neighbour
+    assert int(_bf16_steps_apart(ours, expected).max()) <= 1
+    assert float((ours == expected).float().mean()) > 0.99
+
+
 def test_rope_store_rejects_a_slot_outside_the_cache() -> None:
     qkv = torch.randn(1, 4 * 8)
     cos = sin = torch.ones(4, 8)
@@ -64,15 +108,19 @@ def test_rope_store_rejects_a_slot_outside_the_cache() -> None:
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
-def test_fused_forward_matches_the_torch_forward(tiny_models: dict[str, Path], name: str) -> None:
-    """A prefill step then a decode step, float32: logits of both paths agree."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_forward_matches_the_torch_forward(
+    tiny_models: dict[str, Path], name: str, dtype: torch.dtype
+) -> None:
+    """A prefill step then a decode step: logits of both paths agree (float32 up to summation
+    order; bfloat16 bit for bit, both paths running the same decode-attention kernel)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(tiny_models[name])
     models = []
     for fused in (True, False):
         model = llama.LlamaModel(
-            tiny_models[name], config, dtype=torch.float32, num_blocks=8, block_size=4,
+            tiny_models[name], config, dtype=dtype, num_blocks=8, block_size=4,
             max_model_len=64,
         )  # fmt: skip
         model.fused = fused
@@ -87,7 +135,8 @@ def test_fused_forward_matches_the_torch_forward(tiny_models: dict[str, Path], n
     with torch.inference_mode():
         for ids, meta, rows in steps:
             fused_logits, torch_logits = (m.forward(ids, meta, rows) for m in models)
-            torch.testing.assert_close(fused_logits, torch_logits, atol=1e-4, rtol=1e-4)
+            tol = 1e-4 if dtype == torch.float32 else 0.0
+            torch.testing.assert_close(fused_logits, torch_logits, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("width", [1, 7, 8, 49152, 49157])  # vector body and scalar tail

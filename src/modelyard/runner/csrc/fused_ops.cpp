@@ -1,4 +1,4 @@
-// The element-wise steps of a Llama decoder layer, fused (float32, CPU).
+// The element-wise steps of a Llama decoder layer, fused (float32 or bfloat16, CPU).
 //
 // In torch each of these is 3-8 ops (RMSNorm alone is cast, pow, mean, add, rsqrt, mul, cast,
 // mul), each a dispatch, an allocation and a pass over the rows; at decode sizes (32 rows of 576)
@@ -11,13 +11,23 @@
 //   argmax_rows    torch.argmax(x, -1) for greedy sampling (the first maximum; a NaN counts as
 //                  the maximum, as in torch): a vector max, then a scan for its first index.
 //                  torch's own argmax over (32, 49152) logits takes ~2 ms here, this ~0.1 ms
+//   silu_mul       bfloat16 SwiGLU activation: silu(gate) * up for (T, 2I) rows [gate | up]
+//                  (float32 applies it inside the GEMM: csrc/gemm.cpp)
+// rope_store and silu_mul also take bfloat16, rounding where the torch ops of HF's Llama do
+// (float32 inside one op, a bf16 result out of it), so they give torch's bits: each RoPE product
+// before their sum; silu(gate) before its product with up. The norms stay float32: a bf16
+// RMSNorm's result hangs on the float32 mean of squares, whose summation order torch fixes and
+// a one-ulp difference there shifts a bf16 result now and then (greedy bf16 tokens must equal
+// transformers', and such shifts add up over 30 layers to tip near-ties).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <type_traits>
 
 #include "vec.h"
 
@@ -35,10 +45,26 @@ int64_t row_grain(int64_t row_elements) {
   return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, row_elements));
 }
 
+using bf16 = at::BFloat16;
+
 void check_float_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name,
               ": contiguous float32 (T, H) only");
 }
+
+// float32 or bfloat16 rows, and every other tensor of the op in the same dtype
+void check_rows(const at::Tensor& x, std::initializer_list<at::Tensor> same, const char* name) {
+  const auto type = x.scalar_type();
+  TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && x.dim() == 2 && x.is_contiguous(),
+              name, ": contiguous float32 or bfloat16 (T, H) only");
+  for (const auto& t : same) {
+    TORCH_CHECK(t.scalar_type() == type && t.is_contiguous(), name,
+                ": contiguous tensors of one dtype only");
+  }
+}
+
+// to bf16 with round-to-nearest-even and back: where a bf16 torch op stores its result
+inline float bf(float x) { return static_cast<float>(static_cast<bf16>(x)); }
 
 void norm_row(const float* x, const float* w, float* y, int64_t h, float eps) {
   float sum = 0.f;
@@ -86,17 +112,72 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
   return y;
 }
 
+// one head x (hd) rotated in place: x1' = x1 c1 + x2 s1, x2' = x2 c2 + x1 s2 (s = signed sin);
+// in bf16 each product is rounded, then their sum (HF: q * cos + rotate_half(q) * sin)
+template <typename T>
+inline void rotate(T* x, const T* c, const T* s, int64_t half) {
+  int64_t i = 0;
+  if constexpr (!std::is_same_v<T, float>) {
+    using modelyard::load_bf16, modelyard::round_bf16, modelyard::store_bf16;
+    for (; i + 8 <= half; i += 8) {
+      const v8 a = load_bf16(x + i), b = load_bf16(x + i + half);
+      store_bf16(x + i, round_bf16(a * load_bf16(c + i)) + round_bf16(b * load_bf16(s + i)));
+      store_bf16(x + i + half, round_bf16(b * load_bf16(c + i + half)) +
+                                   round_bf16(a * load_bf16(s + i + half)));
+    }
+  }
+  for (; i < half; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float a = x[i], b = x[i + half];
+      x[i] = a * c[i] + b * s[i];
+      x[i + half] = b * c[i + half] + a * s[i + half];
+    } else {
+      const float a = x[i], b = x[i + half];
+      x[i] = static_cast<T>(bf(a * static_cast<float>(c[i])) + bf(b * static_cast<float>(s[i])));
+      x[i + half] = static_cast<T>(bf(b * static_cast<float>(c[i + half])) +
+                                   bf(a * static_cast<float>(s[i + half])));
+    }
+  }
+}
+
+template <typename T>
+void rope_store_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
+                     const int64_t* pos, at::Tensor& k_cache, at::Tensor& v_cache,
+                     const int64_t* slot, int64_t num_heads) {
+  const int64_t t = qkv.size(0), nkv = k_cache.size(0), hd = k_cache.size(3);
+  const int64_t cache_slots = k_cache.size(1) * k_cache.size(2);
+  const int64_t width = qkv.size(1), rotated = num_heads + nkv, half = hd / 2;
+  T* qp = qkv.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = signed_sin.data_ptr<T>();
+  T* kc = k_cache.data_ptr<T>();
+  T* vc = v_cache.data_ptr<T>();
+  at::parallel_for(0, t, row_grain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* row = qp + r * width;
+      for (int64_t head = 0; head < rotated; ++head) {
+        rotate(row + head * hd, cp + pos[r] * hd, sp + pos[r] * hd, half);
+      }
+      for (int64_t h = 0; h < nkv; ++h) {
+        const int64_t dst = (h * cache_slots + slot[r]) * hd;
+        const T* k = row + (num_heads + h) * hd;
+        const T* v = row + (num_heads + nkv + h) * hd;
+        std::copy(k, k + hd, kc + dst);
+        std::copy(v, v + hd, vc + dst);
+      }
+    }
+  });
+}
+
 // qkv (T, (nh + 2 nkv) hd); cos / signed_sin (P, hd) tables (signed_sin: sin with its first half
-// negated); positions (T,) and slots (T,) int64; caches (nkv, NB, bs, hd).
+// negated); positions (T,) and slots (T,) int64; caches (nkv, NB, bs, hd); all float tensors of
+// one dtype (float32 or bfloat16).
 void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
                 const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache,
                 const at::Tensor& slots, int64_t num_heads) {
-  check_float_rows(qkv, "rope_store");
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous() && cos.is_contiguous() &&
-                  signed_sin.is_contiguous() && positions.is_contiguous() &&
-                  slots.is_contiguous(),
-              "rope_store: contiguous float32 caches and tables");
+  check_rows(qkv, {cos, signed_sin, k_cache, v_cache}, "rope_store");
+  TORCH_CHECK(positions.is_contiguous() && slots.is_contiguous(),
+              "rope_store: contiguous positions and slots");
   const int64_t t = qkv.size(0), nkv = k_cache.size(0), hd = k_cache.size(3);
   const int64_t cache_slots = k_cache.size(1) * k_cache.size(2), table_len = cos.size(0);
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * nkv) * hd && cos.size(1) == hd && hd % 2 == 0,
@@ -108,34 +189,43 @@ void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed
     TORCH_CHECK(pos[r] >= 0 && pos[r] < table_len, "rope_store: position out of range");
     TORCH_CHECK(slot[r] >= 0 && slot[r] < cache_slots, "rope_store: slot out of range");
   }
-  const int64_t width = qkv.size(1), rotated = num_heads + nkv, half = hd / 2;
-  float* qp = qkv.data_ptr<float>();
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = signed_sin.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  at::parallel_for(0, t, row_grain(width), [&](int64_t begin, int64_t end) {
+  if (qkv.scalar_type() == at::kFloat) {
+    rope_store_rows<float>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
+  } else {
+    rope_store_rows<bf16>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
+  }
+}
+
+// x (T, 2I) bfloat16 rows [gate | up] -> (T, I): silu(gate) rounded to bf16, times up, rounded
+// (HF: act_fn(gate_proj(x)) * up_proj(x), two bf16 ops); silu(g) = g / (1 + exp(-g))
+at::Tensor silu_mul(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous() &&
+                  x.size(1) % 2 == 0,
+              "silu_mul: contiguous bfloat16 (T, 2I) only");
+  const int64_t t = x.size(0), width = x.size(1) / 2;
+  auto out = at::empty({t, width}, x.options());
+  const bf16* xp = x.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  at::parallel_for(0, t, row_grain(2 * width), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      float* row = qp + r * width;
-      const float* c = cp + pos[r] * hd;
-      const float* s = sp + pos[r] * hd;
-      for (int64_t head = 0; head < rotated; ++head) {
-        float* x = row + head * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = x[i], b = x[i + half];
-          x[i] = a * c[i] + b * s[i];
-          x[i + half] = b * c[i + half] + a * s[i + half];
-        }
+      const bf16* gate = xp + r * 2 * width;
+      const bf16* up = gate + width;
+      bf16* y = op + r * width;
+      int64_t i = 0;
+      for (; i + 8 <= width; i += 8) {
+        const v8 g = modelyard::load_bf16(gate + i);
+        v8 act = g / (splat(1.f) + modelyard::exp8(-g));
+        act = g < splat(-88.f) ? g * splat(0.f) : act;  // exp(-g) overflows: torch's -0
+        act = modelyard::round_bf16(act);
+        modelyard::store_bf16(y + i, act * modelyard::load_bf16(up + i));
       }
-      for (int64_t h = 0; h < nkv; ++h) {
-        const int64_t dst = (h * cache_slots + slot[r]) * hd;
-        const float* k = row + (num_heads + h) * hd;
-        const float* v = row + (num_heads + nkv + h) * hd;
-        std::copy(k, k + hd, kc + dst);
-        std::copy(v, v + hd, vc + dst);
+      for (; i < width; ++i) {
+        const float g = gate[i];
+        y[i] = static_cast<bf16>(bf(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
       }
     }
   });
+  return out;
 }
 
 int64_t argmax_row(const float* x, int64_t n) {
@@ -184,6 +274,8 @@ TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor weight, float eps) -> Tensor");
   m.def("argmax_rows(Tensor x) -> Tensor");
+  m.def("silu_mul(Tensor x) -> Tensor");
+  m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
   m.def(
       "rope_store(Tensor(a!) qkv, Tensor cos, Tensor signed_sin, Tensor positions, "
       "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");

@@ -36,12 +36,14 @@ using modelyard::v8;
 
 inline v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
 
-// 8 bf16 -> 8 floats (exact: a bf16 is the high half of a float)
-inline v8 load8(const at::BFloat16* p) {
-  typedef unsigned short u16x8 __attribute__((vector_size(16), aligned(2)));
-  typedef unsigned u32x8 __attribute__((vector_size(32)));
-  const u32x8 wide = __builtin_convertvector(*reinterpret_cast<const u16x8*>(p), u32x8) << 16;
-  return reinterpret_cast<const v8&>(wide);
+inline v8 load8(const at::BFloat16* p) { return modelyard::load_bf16(p); }
+
+// rows of a bf16 cache block as float32 in buf (count a multiple of 8), each element widened
+// once rather than once per query row; float32 rows are used in place
+inline const float* as_float(const float* x, int64_t, float*) { return x; }
+inline const float* as_float(const at::BFloat16* x, int64_t count, float* buf) {
+  for (int64_t i = 0; i < count; i += 8) *reinterpret_cast<v8*>(buf + i) = modelyard::load_bf16(x + i);
+  return buf;
 }
 
 // The four horizontal sums of a, b, c, d into s[0..3].
@@ -59,22 +61,21 @@ inline void hsum4(v8 a, v8 b, v8 c, v8 d, float* s) {
 // Scores of the g query rows q (g, hd) against n consecutive key rows k (n, hd), scaled, into
 // s[j * stride + t]. Four keys at a time per query row: four independent accumulators, one
 // load of each key chunk per query row, and one horizontal reduction for the four.
-template <typename T>
-inline void block_scores(const float* q, const T* k, int64_t n, int64_t g, int64_t hd,
+inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, int64_t hd,
                          float scale, float* s, int64_t stride) {
   const int64_t chunks = hd / 8;
   int64_t t = 0;
   for (; t + 4 <= n; t += 4) {
-    const T* k0 = k + t * hd;
+    const float* k0 = k + t * hd;
     for (int64_t j = 0; j < g; ++j) {
       const float* qj = q + j * hd;
       v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
       for (int64_t c = 0; c < chunks; ++c) {
         const v8 qc = *reinterpret_cast<const v8*>(qj + c * 8);
-        a0 += qc * load8(k0 + c * 8);
-        a1 += qc * load8(k0 + hd + c * 8);
-        a2 += qc * load8(k0 + 2 * hd + c * 8);
-        a3 += qc * load8(k0 + 3 * hd + c * 8);
+        a0 += qc * *reinterpret_cast<const v8*>(k0 + c * 8);
+        a1 += qc * *reinterpret_cast<const v8*>(k0 + hd + c * 8);
+        a2 += qc * *reinterpret_cast<const v8*>(k0 + 2 * hd + c * 8);
+        a3 += qc * *reinterpret_cast<const v8*>(k0 + 3 * hd + c * 8);
       }
       float* out = s + j * stride + t;
       hsum4(a0, a1, a2, a3, out);
@@ -82,12 +83,12 @@ inline void block_scores(const float* q, const T* k, int64_t n, int64_t g, int64
     }
   }
   for (; t < n; ++t) {
-    const T* key = k + t * hd;
+    const float* key = k + t * hd;
     for (int64_t j = 0; j < g; ++j) {
       const float* qj = q + j * hd;
       v8 acc = {};
       for (int64_t c = 0; c < chunks; ++c) {
-        acc += *reinterpret_cast<const v8*>(qj + c * 8) * load8(key + c * 8);
+        acc += *reinterpret_cast<const v8*>(qj + c * 8) * *reinterpret_cast<const v8*>(key + c * 8);
       }
       s[j * stride + t] = hsum(acc) * scale;
     }
@@ -97,8 +98,7 @@ inline void block_scores(const float* q, const T* k, int64_t n, int64_t g, int64
 // out (g, hd) += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, hd).
 // 32 columns (four 8-float chunks) of one query row at a time, summed in registers over the n
 // rows: four independent chains, one broadcast weight per row; then any last 8-column chunks.
-template <typename T>
-inline void block_values(const float* p, const T* v, int64_t n, int64_t g, int64_t hd,
+inline void block_values(const float* p, const float* v, int64_t n, int64_t g, int64_t hd,
                          int64_t stride, float* out) {
   for (int64_t j = 0; j < g; ++j) {
     const float* w = p + j * stride;
@@ -108,18 +108,18 @@ inline void block_values(const float* p, const T* v, int64_t n, int64_t g, int64
       v8 a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3];
       for (int64_t t = 0; t < n; ++t) {
         const v8 wt = splat(w[t]);
-        const T* row = v + t * hd + c;
-        a0 += wt * load8(row);
-        a1 += wt * load8(row + 8);
-        a2 += wt * load8(row + 16);
-        a3 += wt * load8(row + 24);
+        const float* row = v + t * hd + c;
+        a0 += wt * *reinterpret_cast<const v8*>(row);
+        a1 += wt * *reinterpret_cast<const v8*>(row + 8);
+        a2 += wt * *reinterpret_cast<const v8*>(row + 16);
+        a3 += wt * *reinterpret_cast<const v8*>(row + 24);
       }
       o[0] = a0, o[1] = a1, o[2] = a2, o[3] = a3;
     }
     for (; c < hd; c += 8) {
       v8* o = reinterpret_cast<v8*>(out + j * hd + c);
       v8 acc = *o;
-      for (int64_t t = 0; t < n; ++t) acc += w[t] * load8(v + t * hd + c);
+      for (int64_t t = 0; t < n; ++t) acc += w[t] * *reinterpret_cast<const v8*>(v + t * hd + c);
       *o = acc;
     }
   }
@@ -161,9 +161,15 @@ void softmax_rows(float* s, int64_t g, int64_t n, float* inv) {
   exp_rows(s, g, n, inv);
   for (int64_t j = 0; j < g; ++j) {
     float* row = s + j * n;
-    for (int64_t i = 0; i < n; ++i) {
-      row[i] = std::is_same_v<T, float> ? row[i] * inv[j]
-                                        : static_cast<float>(static_cast<at::BFloat16>(row[i]));
+    int64_t i = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      for (; i < n; ++i) row[i] *= inv[j];
+    } else {
+      for (; i + 8 <= n; i += 8) {
+        v8& x = *reinterpret_cast<v8*>(row + i);
+        x = modelyard::round_bf16(x);
+      }
+      for (; i < n; ++i) row[i] = static_cast<float>(static_cast<at::BFloat16>(row[i]));
     }
   }
 }
@@ -220,7 +226,8 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 
   // items are claimed by the threads in turn (claim.h); scores live in a per-thread buffer
   modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores, widened;  // widened: one bf16 block as float32
+    if (!std::is_same_v<T, float>) widened.resize(static_cast<size_t>(bs * hd));
     alignas(32) float inv[64];  // 1 / softmax sum of each of the g query rows
     if (opening) prefetch_item(item);
     if (following < d * nkv) prefetch_item(following);
@@ -233,8 +240,8 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
       if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
-      block_scores(qh, kp + (block_row(r, h, b) + p % bs) * hd, run, g, hd, fscale,
-                   scores.data() + (p - first), n);
+      const float* keys = as_float(kp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+      block_scores(qh, keys, run, g, hd, fscale, scores.data() + (p - first), n);
       p += run;
     }
     softmax_rows<T>(scores.data(), g, n, inv);
@@ -242,8 +249,8 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
       if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
-      block_values(scores.data() + (p - first), vp + (block_row(r, h, b) + p % bs) * hd, run,
-                   g, hd, n, oh);
+      const float* values = as_float(vp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+      block_values(scores.data() + (p - first), values, run, g, hd, n, oh);
       p += run;
     }
     finish_rows<T>(oh, g, hd, inv);

@@ -2,6 +2,10 @@
 // one AVX register where the host has AVX, otherwise whatever the compiler makes of it).
 #pragma once
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <cstdint>
 
 namespace modelyard {
@@ -19,6 +23,38 @@ inline bool any(i8 mask) {
 }
 
 inline v8 splat(float x) { return v8{x, x, x, x, x, x, x, x}; }
+
+typedef unsigned u32x8 __attribute__((vector_size(32), aligned(4)));
+typedef unsigned short u16x8 __attribute__((vector_size(16), aligned(2)));
+
+// 8 bfloat16 (raw bits at p) -> 8 floats; exact: a bf16 is the high half of a float
+inline v8 load_bf16(const void* p) {
+#if defined(__AVX2__)  // one vpmovzxwd from memory (the generic form compiles to four steps)
+  const __m256i wide = _mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+  return reinterpret_cast<const v8&>(wide);
+#else
+  const u32x8 wide = __builtin_convertvector(*reinterpret_cast<const u16x8*>(p), u32x8) << 16;
+  return reinterpret_cast<const v8&>(wide);
+#endif
+}
+
+// x rounded to the nearest bfloat16 (ties to even) as float bits; x finite (c10::BFloat16's
+// rounding, which maps NaN to a quiet NaN instead)
+inline u32x8 round_bf16_bits(v8 x) {
+  const u32x8 bits = reinterpret_cast<const u32x8&>(x);
+  return (bits + (((bits >> 16) & 1u) + 0x7FFFu)) & 0xFFFF0000u;
+}
+
+inline v8 round_bf16(v8 x) {
+  const u32x8 bits = round_bf16_bits(x);
+  return reinterpret_cast<const v8&>(bits);
+}
+
+// 8 floats -> 8 bfloat16 at p, rounded to nearest even; finite values
+inline void store_bf16(void* p, v8 x) {
+  *reinterpret_cast<u16x8*>(p) = __builtin_convertvector(round_bf16_bits(x) >> 16, u16x8);
+}
 
 // exp of 8 floats (Cephes-style: 2^n times a degree-5 polynomial on [-ln2/2, ln2/2]), relative
 // error ~2e-7 like std::exp's float rounding; inputs below -87 give ~0 as softmax needs.
