@@ -117,7 +117,7 @@ def paged_decode_attention(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (T, H) float32 or bfloat16 contiguous -> weight * x / sqrt(mean(x^2) + eps), as HF's
-    RMSNorm (in bf16 with its roundings)."""
+    RMSNorm (bf16: its bits, the mean of squares by torch's own reduction)."""
     out: torch.Tensor = torch.ops.modelyard_kernels.rms_norm(x, weight, eps)
     return out
 

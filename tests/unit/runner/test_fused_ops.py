@@ -61,6 +61,22 @@ def _bf16_steps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (bits[0] - bits[1]).abs()
 
 
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_bfloat16_norms_are_exactly_torchs(rows: int) -> None:
+    """bf16: the residual sum and HF's RMSNorm, bit for bit (outliers as in real activations)."""
+    torch.manual_seed(rows)
+    x, delta = (torch.randn(rows, 576) * 3).bfloat16(), torch.randn(rows, 576).bfloat16()
+    x[:, 7] = 300.0
+    w = torch.randn(576).bfloat16()
+    torch.testing.assert_close(
+        kernels.rms_norm(x, w, 1e-5), llama._rms_norm(x, w, 1e-5), atol=0, rtol=0
+    )
+    residual = x.clone()
+    normed = kernels.add_rms_norm(residual, delta, w, 1e-5)
+    torch.testing.assert_close(residual, x + delta, atol=0, rtol=0)
+    torch.testing.assert_close(normed, llama._rms_norm(x + delta, w, 1e-5), atol=0, rtol=0)
+
+
 def test_bfloat16_rope_store_is_exactly_torchs() -> None:
     """Each product rounded to bf16, then their sum: the same bits as HF's bf16 RoPE."""
     torch.manual_seed(4)

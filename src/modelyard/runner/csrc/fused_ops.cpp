@@ -13,12 +13,11 @@
 //                  torch's own argmax over (32, 49152) logits takes ~2 ms here, this ~0.1 ms
 //   silu_mul       bfloat16 SwiGLU activation: silu(gate) * up for (T, 2I) rows [gate | up]
 //                  (float32 applies it inside the GEMM: csrc/gemm.cpp)
-// rope_store and silu_mul also take bfloat16, rounding where the torch ops of HF's Llama do
-// (float32 inside one op, a bf16 result out of it), so they give torch's bits: each RoPE product
-// before their sum; silu(gate) before its product with up. The norms stay float32: a bf16
-// RMSNorm's result hangs on the float32 mean of squares, whose summation order torch fixes and
-// a one-ulp difference there shifts a bf16 result now and then (greedy bf16 tokens must equal
-// transformers', and such shifts add up over 30 layers to tip near-ties).
+// Each also takes bfloat16, rounding where the torch ops of HF's Llama do (float32 inside one op,
+// a bf16 result out of it), so it gives torch's bits: the residual sum; each RoPE product before
+// their sum; silu(gate) before its product with up. A bf16 RMSNorm's result hangs on the float32
+// mean of squares, so that one reduction is torch's own (a one-ulp difference in it shifts a
+// bf16 value now and then, and over 30 layers such shifts tip near-ties of greedy decoding).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -75,7 +74,36 @@ void norm_row(const float* x, const float* w, float* y, int64_t h, float eps) {
   for (int64_t i = 0; i < h; ++i) y[i] = w[i] * (x[i] * r);
 }
 
+// bfloat16 RMSNorm with torch's bits, as HF computes it: w * (x.float() * rsqrt(mean(x.float()^2)
+// + eps)).to(bf16). The mean of squares comes from torch's own reduction (the result hangs on its
+// float32 summation order); the rest is one pass: x * r rounded to bf16, then times w, rounded.
+at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor var = x.to(at::kFloat).pow(2).mean(-1);
+  const int64_t t = x.size(0), h = x.size(1);
+  auto y = at::empty_like(x);
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* wp = weight.data_ptr<bf16>();
+  const float* vp = var.data_ptr<float>();
+  bf16* yp = y.data_ptr<bf16>();
+  const float feps = static_cast<float>(eps);  // torch adds the Python float as a float32
+  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float inv = 1.f / std::sqrt(vp[r] + feps);
+      for (int64_t i = 0; i < h; ++i) {
+        const float normed = bf(static_cast<float>(xp[r * h + i]) * inv);
+        yp[r * h + i] = static_cast<bf16>(static_cast<float>(wp[i]) * normed);
+      }
+    }
+  });
+  return y;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (x.scalar_type() == at::kBFloat16) {
+    check_rows(x, {weight}, "rms_norm");
+    TORCH_CHECK(weight.numel() == x.size(1), "rms_norm: weight must be (H,)");
+    return rms_norm_bf16(x, weight, eps);
+  }
   check_float_rows(x, "rms_norm");
   const int64_t t = x.size(0), h = x.size(1);
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == h, "rms_norm: weight must be (H,)");
@@ -91,6 +119,20 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                         double eps) {
+  if (x.scalar_type() == at::kBFloat16) {  // x += delta (torch's bf16 add), then the norm
+    check_rows(x, {delta, weight}, "add_rms_norm");
+    TORCH_CHECK(delta.sizes() == x.sizes() && weight.numel() == x.size(1),
+                "add_rms_norm: bad shapes");
+    bf16* xp = x.data_ptr<bf16>();
+    const bf16* dp = delta.data_ptr<bf16>();
+    const int64_t n = x.numel();
+    at::parallel_for(0, n, kElementsPerTask, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        xp[i] = static_cast<bf16>(static_cast<float>(xp[i]) + static_cast<float>(dp[i]));
+      }
+    });
+    return rms_norm_bf16(x, weight, eps);
+  }
   check_float_rows(x, "add_rms_norm");
   check_float_rows(delta, "add_rms_norm");
   TORCH_CHECK(delta.sizes() == x.sizes(), "add_rms_norm: x and delta differ in shape");

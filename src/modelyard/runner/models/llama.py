@@ -93,7 +93,7 @@ class LlamaModel:
         tables = _rotary_tables(config, self.head_dim, dtype, max_model_len)
         self.cos, self.signed_sin = tables  # (P, hd) each
         # build or load the kernels now, not inside the first step; float32 and bfloat16 run the
-        # fused ops (bf16 keeps torch's norms)
+        # fused ops
         native_dtype = dtype in (torch.float32, torch.bfloat16)
         self.fused = native_dtype and kernels.load() and self.head_dim % 2 == 0
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
@@ -125,15 +125,9 @@ class LlamaModel:
         return self.lm_head(x)  # (S, V)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.fused and x.dtype == torch.float32:
+        if self.fused:
             return kernels.rms_norm(x, weight, self.eps)
-        return _rms_norm(x, weight, self.eps)  # bf16: torch's own bits (see csrc/fused_ops.cpp)
-
-    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x += delta in place (the residual stream), then the norm of x."""
-        if x.dtype == torch.float32:
-            return kernels.add_rms_norm(x, delta, weight, self.eps)
-        return _rms_norm(x.add_(delta), weight, self.eps)
+        return _rms_norm(x, weight, self.eps)
 
     def _layer(
         self,
@@ -160,11 +154,11 @@ class LlamaModel:
     def _fused_layers(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Every decoder layer with the compiled element-wise ops: the same math as `_layer`, one
         pass per step instead of several torch ops (bf16: the same bits). x (T, H) is the
-        residual stream, updated in place; in float32 each layer's last add is fused with the
-        next layer's norm."""
+        residual stream, updated in place; each layer's last add is fused with the next layer's
+        norm."""
         t = x.shape[0]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        h = self._norm(x, self.layers[0].input_norm)
+        h = kernels.rms_norm(x, self.layers[0].input_norm, self.eps)
         for i, w in enumerate(self.layers):
             k_cache, v_cache = self.k_cache[i], self.v_cache[i]
             qkv = w.qkv(h)  # (T, (nh + 2 nkv) hd)
@@ -176,10 +170,10 @@ class LlamaModel:
             k = qkv[:, nh * hd : (nh + nkv) * hd].view(t, nkv, hd)
             v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            h = self._add_norm(x, w.o(attn.view(t, nh * hd)), w.post_norm)
+            h = kernels.add_rms_norm(x, w.o(attn.view(t, nh * hd)), w.post_norm, self.eps)
             mlp = w.down(w.mlp_in(h))
             if i + 1 < len(self.layers):
-                h = self._add_norm(x, mlp, self.layers[i + 1].input_norm)
+                h = kernels.add_rms_norm(x, mlp, self.layers[i + 1].input_norm, self.eps)
             else:
                 x.add_(mlp)
         return x
