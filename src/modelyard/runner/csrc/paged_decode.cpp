@@ -3,13 +3,14 @@
 // One query token per request; the g = nh / nkv query heads that share a KV head are computed
 // together, so each key and value row is read once from the cache, in place: no gather of the
 // request's blocks into a contiguous copy first (that copy was the step's largest memory cost).
-// Work items are (request, KV head) pairs claimed by the ATen thread pool's threads in turn. Two passes per
-// item: scores for every allowed key, then softmax and the weighted sum of values. Keys come in
-// runs of consecutive rows inside one block; the inner loops work on 8-float vectors.
-// A bfloat16 cache is read as is and widened to float32 in registers (half the bytes of a
-// float32 cache); the arithmetic follows SDPA's CPU flash kernel for bf16: float32 scores and
-// softmax, the unnormalised probabilities rounded to bf16 for the sum over values (float32
-// accumulators), then one multiply by 1 / sum and the output rounded to bf16.
+// Work items are (request, KV head) pairs claimed by the ATen thread pool's threads in turn. Two
+// passes per item: scores for every allowed key, then softmax and the weighted sum of values.
+// Keys come in runs of consecutive rows inside one block; the inner loops work on 8-float vectors.
+// A bfloat16 cache is read as is (half the bytes of a float32 cache) and each block run widened
+// once to float32 in a per-thread buffer that stays in L1. The arithmetic then follows SDPA's CPU
+// flash kernel for bf16: float32 scores and softmax, the unnormalised probabilities rounded to
+// bf16 for the sum over values (float32 accumulators), one multiply by 1 / sum, and the output
+// rounded to bf16.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -34,15 +35,13 @@ using modelyard::hsum;
 using modelyard::splat;
 using modelyard::v8;
 
-inline v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
-
-inline v8 load8(const at::BFloat16* p) { return modelyard::load_bf16(p); }
-
 // rows of a bf16 cache block as float32 in buf (count a multiple of 8), each element widened
 // once rather than once per query row; float32 rows are used in place
 inline const float* as_float(const float* x, int64_t, float*) { return x; }
 inline const float* as_float(const at::BFloat16* x, int64_t count, float* buf) {
-  for (int64_t i = 0; i < count; i += 8) *reinterpret_cast<v8*>(buf + i) = modelyard::load_bf16(x + i);
+  for (int64_t i = 0; i < count; i += 8) {
+    *reinterpret_cast<v8*>(buf + i) = modelyard::load_bf16(x + i);
+  }
   return buf;
 }
 
@@ -240,7 +239,8 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
       if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
-      const float* keys = as_float(kp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+      const float* keys =
+          as_float(kp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
       block_scores(qh, keys, run, g, hd, fscale, scores.data() + (p - first), n);
       p += run;
     }
@@ -249,7 +249,8 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
       if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
-      const float* values = as_float(vp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+      const float* values =
+          as_float(vp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
       block_values(scores.data() + (p - first), values, run, g, hd, n, oh);
       p += run;
     }
@@ -282,7 +283,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       TORCH_CHECK(block >= 0 && block < nblocks, "paged_decode_attention: bad block id");
     }
   }
-  if (type == at::kFloat) return decode<float>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+  if (type == at::kFloat) {
+    return decode<float>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+  }
   // bf16: float32 queries (exact), the float32 result rounded to bf16 once at the end
   return decode<at::BFloat16>(q.to(at::kFloat), k_cache, v_cache, block_tables, seq_lens, scale,
                               window)
