@@ -31,7 +31,12 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = (_CSRC / "paged_decode.cpp", _CSRC / "fused_ops.cpp", _CSRC / "gemm.cpp")
+_SOURCES = (
+    _CSRC / "paged_decode.cpp",
+    _CSRC / "fused_ops.cpp",
+    _CSRC / "gemm.cpp",
+    _CSRC / "gemm_bf16.cpp",
+)
 _HEADERS = (_CSRC / "vec.h", _CSRC / "claim.h")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 
@@ -173,6 +178,23 @@ def packed_linear(
 ) -> torch.Tensor:
     """x (M, K) float32 contiguous, `pack_weight` panels, N, bias (N,) or None -> (M, N)."""
     out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear(x, packed, out_features, bias)
+    return out
+
+
+def bf16_gemm_supported() -> bool:
+    """True when the kernels were built with AVX-512 BF16 (`packed_linear_bf16` runs)."""
+    return load() and bool(torch.ops.modelyard_kernels.bf16_gemm_supported())
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) bfloat16, K even -> (ceil(N / 16), K / 2, 16, 2) panels for `packed_linear_bf16`."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.pack_bf16(weight)
+    return out
+
+
+def packed_linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """x (M, K) bfloat16 contiguous, `pack_bf16` panels, N -> x W^T (M, N) bfloat16."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_bf16(x, packed, n)
     return out
 
 

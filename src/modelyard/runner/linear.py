@@ -19,7 +19,10 @@ bfloat16 weights are packed once too, where torch's oneDNN has native bf16 kerne
 BF16 / AMX hosts): oneDNN's own blocked layout (`mkldnn._reorder_linear_weight`), so a call no
 longer re-lays the weight out. `F.linear` in bf16 runs the same oneDNN kernels, so the result is
 bit-identical to it (tested), and 1.2-2x faster at decode row counts (1-32 rows) on an AVX-512
-BF16 host; at prefill sizes the two are level. Elsewhere bf16 keeps `F.linear`.
+BF16 host; at prefill sizes the two are level. At decode sizes (up to 64 rows) and K up to 1024,
+bf16 runs the runner's own GEMM instead (`csrc/gemm_bf16.cpp`: `vdpbf16ps` panels, the next
+weights prefetched), which sums in oneDNN's order and so gives the same bits (tested at 1-64
+rows), ~1.35x faster over a decode step's weights. Elsewhere bf16 keeps `F.linear`.
 
 Without the compiled kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32
 and bfloat16 use `F.linear`. float32 results differ from `F.linear` only in summation order
@@ -77,22 +80,30 @@ def _onednn_linear(
 
 
 _ROWS_HINT = 32  # the row count oneDNN picks its layout for: a decode batch
+_DECODE_ROWS = 64  # bf16 up to this many rows runs the runner's own GEMM where it is built
+# ... for K up to this: there its summation order is oneDNN's (measured bit-identical at 1-64
+# rows); past it (e.g. K = 1536 at 8+ rows) oneDNN sums in another order, so oneDNN runs it
+_EXACT_K = 1024
 
 
 class Linear:
     """y = x W^T + b for x (M, K), W (N, K), b (N,) or None; W packed when `pack`."""
 
-    __slots__ = ("_bias", "_onednn", "_packed", "_weight", "out_features")
+    __slots__ = ("_bf16", "_bias", "_onednn", "_packed", "_weight", "out_features")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool) -> None:
         self.out_features = int(weight.shape[0])
         self._bias = bias
         self._packed: torch.Tensor | None = None
         self._onednn: torch.Tensor | None = None
+        self._bf16: torch.Tensor | None = None
         self._weight: torch.Tensor | None = weight
         if pack and weight.dtype == torch.bfloat16:
             self._onednn = _pack_onednn(weight)
             self._weight = None
+            k = int(weight.shape[1])
+            if bias is None and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_supported():
+                self._bf16 = kernels.pack_bf16(weight)
         elif pack:
             self._packed = kernels.pack_weight(weight)
             self._weight = None  # the packed copy replaces it
@@ -102,6 +113,8 @@ class Linear:
             return kernels.packed_linear(
                 x.contiguous(), self._packed, self.out_features, self._bias
             )
+        if self._bf16 is not None and x.shape[0] <= _DECODE_ROWS:
+            return kernels.packed_linear_bf16(x.contiguous(), self._bf16, self.out_features)
         if self._onednn is not None:
             return _onednn_linear(x, self._onednn, self._bias)
         if self._weight is None:  # pragma: no cover - one of the two is always set

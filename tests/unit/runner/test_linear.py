@@ -65,6 +65,23 @@ def test_bfloat16_packed_or_not_is_exactly_f_linear(pack: bool, rows: int) -> No
     torch.testing.assert_close(SwiGLU(gate, up, pack=pack)(x), expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("out_features", "in_features"), [(200, 576), (37, 1024), (48, 2)])
+def test_bfloat16_decode_gemm_gives_f_linears_bits(out_features: int, in_features: int) -> None:
+    """The runner's bf16 GEMM sums in oneDNN's order: F.linear's bits at every decode row count,
+    ragged output widths included."""
+    from modelyard.runner import kernels
+
+    if not kernels.bf16_gemm_supported():
+        pytest.skip("kernels built without AVX-512 BF16 on this host")
+    torch.manual_seed(in_features)
+    weight = torch.randn(out_features, in_features).bfloat16()
+    packed = kernels.pack_bf16(weight)
+    for rows in range(1, 65):
+        x = torch.randn(rows, in_features).bfloat16()
+        out = kernels.packed_linear_bf16(x, packed, out_features)
+        torch.testing.assert_close(out, F.linear(x, weight), rtol=0, atol=0)
+
+
 def test_bfloat16_packing_follows_the_host() -> None:
     """Packed exactly where oneDNN runs bf16 natively (AVX-512 BF16 / AMX)."""
     with open("/proc/cpuinfo") as f:

@@ -1,0 +1,164 @@
+// y = x W^T for bfloat16 at decode sizes (a few dozen rows), on AVX-512 BF16 hosts.
+//
+// oneDNN's bf16 linear at 1-32 rows leaves ~30 % of the large-matmul rate unused in a decode step
+// (each call streams its weight from memory with nothing prefetched). This kernel packs W once
+// into panels of 16 output columns holding k in pairs (`vdpbf16ps`'s operand: 16 columns x 2 k
+// = 64 bytes per pair of k) and prefetches the next panels while it computes. Its summation order
+// is oneDNN's at these sizes (measured on the default model's shapes, whole outputs): K in
+// blocks of 512, each summed from zero into a float32 accumulator in order, each pair of k adding
+// its odd product and then its even one (what one `vdpbf16ps` does); the block sums added in
+// order; the total rounded to bf16 by `vcvtneps2bf16`. So it returns F.linear's bits (tested).
+// Larger row counts stay on oneDNN (runner.linear).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "claim.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define MODELYARD_BF16_GEMM 1
+#endif
+
+namespace {
+
+constexpr int64_t kCols = 16;  // output columns per panel
+constexpr int64_t kRows = 8;   // rows of x per micro-kernel call (2 panels: 16 accumulators)
+constexpr int64_t kBlockPairs = 256;  // K in blocks of 512, each summed from zero (oneDNN's order)
+
+bool bf16_gemm_supported() {
+#if defined(MODELYARD_BF16_GEMM)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// w (N, K) bf16, K even -> (ceil(N / 16), K / 2, 16, 2): panel p, pair j, column c holds
+// w[16p + c][2j], w[16p + c][2j + 1] (zero columns pad the last panel)
+at::Tensor pack_bf16(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.size(1) % 2 == 0,
+              "pack_bf16: bfloat16 (N, K) with K even only");
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kCols - 1) / kCols;
+  auto padded = at::zeros({panels * kCols, k}, w.options());
+  padded.narrow(0, 0, n).copy_(w);
+  return padded.view({panels, kCols, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+#if defined(MODELYARD_BF16_GEMM)
+// rows x (MR, K) times panels a (and b when TWO) into y (MR rows, 16 or 32 columns, ldy);
+// x rows as 32-bit pairs (ldx pairs apart); pf: lines of the next panels to prefetch, one per
+// `every` pairs
+template <int MR, bool TWO>
+void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b, int64_t pairs,
+           at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf, int64_t every) {
+  __m512 acc[MR][2], total[MR][2];
+  int64_t countdown = 1;
+  for (int64_t j0 = 0; j0 < pairs; j0 += kBlockPairs) {
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t j = j0; j < std::min(pairs, j0 + kBlockPairs); ++j) {
+      if (pf != nullptr && --countdown == 0) {
+        _mm_prefetch(pf, _MM_HINT_T0);
+        pf += 64;
+        countdown = every;
+      }
+      const __m512bh wa = a[j];
+      const __m512bh wb = TWO ? b[j] : wa;
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh xi = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * ldx + j]));
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xi, wa);
+        if (TWO) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xi, wb);
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      for (int h = 0; h < 2; ++h) {
+        total[i][h] = j0 == 0 ? acc[i][h] : _mm512_add_ps(total[i][h], acc[i][h]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int h = 0; h < (TWO ? 2 : 1); ++h) {
+      const int64_t cols = std::min<int64_t>(kCols, ncols - h * kCols);
+      if (cols <= 0) break;
+      const __m256bh out = _mm512_cvtneps_pbh(total[i][h]);
+      if (cols == kCols) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i * ldy + h * kCols), (__m256i)out);
+      } else {
+        alignas(32) at::BFloat16 row[kCols];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(row), (__m256i)out);
+        std::memcpy(y + i * ldy + h * kCols, row, cols * sizeof(at::BFloat16));
+      }
+    }
+  }
+}
+
+template <int MR, bool TWO>
+void micro_rows(int rows, const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
+                int64_t pairs, at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf,
+                int64_t every) {
+  if (rows == MR) return micro<MR, TWO>(x, ldx, a, b, pairs, y, ldy, ncols, pf, every);
+  if constexpr (MR > 1) micro_rows<MR - 1, TWO>(rows, x, ldx, a, b, pairs, y, ldy, ncols, pf, every);
+}
+#endif
+
+// x (M, K) bf16 contiguous, packed from pack_bf16, n = N -> (M, N) bf16
+at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK(bf16_gemm_supported(), "packed_linear_bf16: built without AVX-512 BF16");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
+              "packed_linear_bf16: contiguous bfloat16 (M, K) input");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 &&
+                  packed.is_contiguous() && packed.size(2) == kCols && packed.size(3) == 2,
+              "packed_linear_bf16: weight not from pack_bf16");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), pairs = packed.size(1);
+  TORCH_CHECK(k == 2 * pairs && n > (panels - 1) * kCols && n <= panels * kCols,
+              "packed_linear_bf16: shapes do not match");
+  auto y = at::empty({m, n}, x.options());
+#if defined(MODELYARD_BF16_GEMM)
+  if (m == 0) return y;
+  const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());
+  const auto* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<at::BFloat16>());
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  const int64_t units = (panels + 1) / 2;  // pairs of panels
+  const int64_t calls = (m + kRows - 1) / kRows;
+  modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
+    const int64_t p = 2 * unit;
+    const bool two = p + 1 < panels;
+    const __m512bh* a = wp + p * pairs;
+    const __m512bh* b = two ? a + pairs : nullptr;
+    // the next claimed unit's panels (two * pairs lines), spread over this unit's row calls
+    const char* next = following < units
+                           ? reinterpret_cast<const char*>(wp + 2 * following * pairs)
+                           : nullptr;
+    const int64_t lines = 2 * pairs, per_call = (lines + calls - 1) / calls;
+    const int64_t every = std::max<int64_t>(1, pairs / std::max<int64_t>(1, per_call));
+    const int64_t ncols = std::min<int64_t>(2 * kCols, n - p * kCols);
+    for (int64_t c = 0, i = 0; i < m; ++c, i += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
+      const char* pf = next != nullptr ? next + c * per_call * 64 : nullptr;
+      if (pf != nullptr && c * per_call >= lines) pf = nullptr;
+      const uint32_t* xi = xp + i * pairs;
+      at::BFloat16* yi = yp + i * n + p * kCols;
+      if (two) {
+        micro_rows<kRows, true>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every);
+      } else {
+        micro_rows<kRows, false>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every);
+      }
+    }
+  });
+#endif
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
+  m.def("bf16_gemm_supported() -> bool", &bf16_gemm_supported);
+  m.def("pack_bf16(Tensor w) -> Tensor");
+  m.def("packed_linear_bf16(Tensor x, Tensor packed, int n) -> Tensor");
+  m.impl("pack_bf16", c10::DispatchKey::CPU, &pack_bf16);
+  m.impl("packed_linear_bf16", c10::DispatchKey::CPU, &packed_linear_bf16);
+}
