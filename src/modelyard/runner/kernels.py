@@ -4,8 +4,9 @@
 `csrc/fused_ops.cpp` the element-wise steps of a decoder layer, one pass each (RMSNorm, residual
 add + RMSNorm, RoPE + KV-cache write, bf16 SwiGLU activation); these take float32 or bfloat16.
 `csrc/gemm.cpp` holds the float32 linear layers' GEMM on weights packed at load (runner.linear),
-with SwiGLU's activation fused into its gate/up projection; `csrc/claim.h` splits their work
-across threads. They are built with torch's C++
+with SwiGLU's activation fused into its gate/up projection; `csrc/gemm_bf16.cpp` a bfloat16 GEMM
+for decode sizes on AVX-512 BF16 hosts, summing in oneDNN's order; `csrc/claim.h` splits their
+work across threads. They are built with torch's C++
 extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
 CPU flags, so a changed source or another machine builds afresh and a cached build loads in
