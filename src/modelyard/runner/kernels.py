@@ -52,6 +52,11 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cpu_has(flag: str) -> bool:
+    """True when /proc/cpuinfo lists `flag` (e.g. "avx512_bf16") for this CPU."""
+    return flag in _cpu_flags().split()
+
+
 def _build_name() -> str:
     digest = hashlib.sha256()
     texts = [f.read_text() for f in (*_SOURCES, *_HEADERS)]

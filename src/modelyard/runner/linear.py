@@ -53,15 +53,7 @@ def _onednn_bf16() -> bool:
     """oneDNN's bf16 matmul runs natively here (AVX-512 BF16 or AMX), not emulated."""
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and _cpu_has("avx512_bf16")
-
-
-def _cpu_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and flag in line.split() for line in f)
-    except OSError:
-        return False
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and kernels.cpu_has("avx512_bf16")
 
 
 def _pack_onednn(weight: torch.Tensor) -> torch.Tensor:
@@ -125,12 +117,14 @@ class Linear:
 class SwiGLU:
     """x -> silu(x Wg^T) * (x Wu^T) for Wg, Wu (I, K): a Llama MLP's input side."""
 
-    __slots__ = ("_both", "_packed", "width")
+    __slots__ = ("_both", "_fused_act", "_packed", "width")
 
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, *, pack: bool) -> None:
         self.width = int(gate.shape[0])
         self._packed: torch.Tensor | None = None
         self._both: Linear | None = None
+        # bf16 with the kernels built: the activation in one pass (torch's two roundings)
+        self._fused_act = gate.dtype == torch.bfloat16 and kernels.load()
         if pack and gate.dtype == torch.float32:
             self._packed = kernels.pack_swiglu(gate, up)
         else:  # one matmul for both (bf16: packed by oneDNN when `pack`)
@@ -142,7 +136,7 @@ class SwiGLU:
         if self._both is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("SwiGLU has no weight")
         both = self._both(x)
-        if both.dtype == torch.bfloat16 and kernels.load():  # one pass, torch's two roundings
+        if self._fused_act:
             return kernels.silu_mul(both.contiguous())
         gate, up = both.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)

@@ -84,8 +84,9 @@ def test_bfloat16_decode_gemm_gives_f_linears_bits(out_features: int, in_feature
 
 def test_bfloat16_packing_follows_the_host() -> None:
     """Packed exactly where oneDNN runs bf16 natively (AVX-512 BF16 / AMX)."""
-    with open("/proc/cpuinfo") as f:
-        native = any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f)
+    from modelyard.runner import kernels
+
+    native = kernels.cpu_has("avx512_bf16")
     assert packing_available(torch.bfloat16) == (native and torch.backends.mkldnn.is_available())
 
 
