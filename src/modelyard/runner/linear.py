@@ -74,8 +74,8 @@ def _onednn_linear(
 _ROWS_HINT = 32  # the row count oneDNN picks its layout for: a decode batch
 _DECODE_ROWS = 64  # bf16 up to this many rows runs the runner's own GEMM where it is built
 # ... for K up to this: there its summation order is oneDNN's (measured bit-identical at 1-64
-# rows); past it (e.g. K = 1536 at 8+ rows) oneDNN sums in another order, so oneDNN runs it
-_EXACT_K = 1024
+# rows); past it oneDNN runs the layer, since its order was not measured there
+_EXACT_K = 3072
 
 
 class Linear:

@@ -65,10 +65,12 @@ def test_bfloat16_packed_or_not_is_exactly_f_linear(pack: bool, rows: int) -> No
     torch.testing.assert_close(SwiGLU(gate, up, pack=pack)(x), expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("out_features", "in_features"), [(200, 576), (37, 1024), (48, 2)])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(200, 576), (37, 1024), (48, 2), (576, 1536), (40, 3072)]
+)
 def test_bfloat16_decode_gemm_gives_f_linears_bits(out_features: int, in_features: int) -> None:
-    """The runner's bf16 GEMM sums in oneDNN's order: F.linear's bits at every decode row count,
-    ragged output widths included."""
+    """The runner's bf16 GEMM sums in oneDNN's order (K in blocks of 512, or of 1024 past
+    K = 1024): F.linear's bits at every decode row count, ragged output widths included."""
     from modelyard.runner import kernels
 
     if not kernels.bf16_gemm_supported():

@@ -4,10 +4,12 @@
 // (each call streams its weight from memory with nothing prefetched). This kernel packs W once
 // into panels of 16 output columns holding k in pairs (`vdpbf16ps`'s operand: 16 columns x 2 k
 // = 64 bytes per pair of k) and prefetches the next panels while it computes. Its summation order
-// is oneDNN's at these sizes (measured on the default model's shapes, whole outputs): K in
-// blocks of 512, each summed from zero into a float32 accumulator in order, each pair of k adding
-// its odd product and then its even one (what one `vdpbf16ps` does); the block sums added in
-// order; the total rounded to bf16 by `vcvtneps2bf16`. So it returns F.linear's bits (tested).
+// is oneDNN's at these sizes (found by emulating candidate orders in float32 against oneDNN's
+// outputs): K in blocks of 512 where K <= 1024, of 1024 past that (the last block takes the
+// rest), each summed from zero into a float32 accumulator in order, each pair of k adding its
+// odd product and then its even one (what one `vdpbf16ps` does); the block sums added in order;
+// the total rounded to bf16 by `vcvtneps2bf16`. So it returns F.linear's bits (tested at every
+// row count 1-64 for K up to 3072).
 // Larger row counts stay on oneDNN (runner.linear).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -27,7 +29,6 @@ namespace {
 
 constexpr int64_t kCols = 16;  // output columns per panel
 constexpr int64_t kRows = 8;   // rows of x per micro-kernel call (2 panels: 16 accumulators)
-constexpr int64_t kBlockPairs = 256;  // K in blocks of 512, each summed from zero (oneDNN's order)
 
 bool bf16_gemm_supported() {
 #if defined(MODELYARD_BF16_GEMM)
@@ -49,17 +50,21 @@ at::Tensor pack_bf16(const at::Tensor& w) {
 }
 
 #if defined(MODELYARD_BF16_GEMM)
+// pairs of k per block summed from zero (oneDNN's order)
+int64_t block_pairs(int64_t k) { return k <= 1024 ? 256 : 512; }
+
 // rows x (MR, K) times panels a (and b when TWO) into y (MR rows, 16 or 32 columns, ldy);
 // x rows as 32-bit pairs (ldx pairs apart); pf: lines of the next panels to prefetch, one per
 // `every` pairs
 template <int MR, bool TWO>
 void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b, int64_t pairs,
            at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf, int64_t every) {
+  const int64_t block = block_pairs(2 * pairs);
   __m512 acc[MR][2], total[MR][2];
   int64_t countdown = 1;
-  for (int64_t j0 = 0; j0 < pairs; j0 += kBlockPairs) {
+  for (int64_t j0 = 0; j0 < pairs; j0 += block) {
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int64_t j = j0; j < std::min(pairs, j0 + kBlockPairs); ++j) {
+    for (int64_t j = j0; j < std::min(pairs, j0 + block); ++j) {
       if (pf != nullptr && --countdown == 0) {
         _mm_prefetch(pf, _MM_HINT_T0);
         pf += 64;
