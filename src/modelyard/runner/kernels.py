@@ -128,8 +128,8 @@ def paged_decode_attention(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (T, H) float32 or bfloat16 contiguous -> weight * x / sqrt(mean(x^2) + eps), as HF's
-    RMSNorm (bf16: its bits, the mean of squares by torch's own reduction)."""
-    out: torch.Tensor = torch.ops.modelyard_kernels.rms_norm(x, weight, eps)
+    RMSNorm (bf16: its bits, the mean of squares summed in torch's order: `torch_sum_width`)."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.rms_norm(x, weight, eps, torch_sum_width())
     return out
 
 
@@ -137,8 +137,28 @@ def add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """x += delta in place (the residual stream), then return rms_norm(x)."""
-    out: torch.Tensor = torch.ops.modelyard_kernels.add_rms_norm(x, delta, weight, eps)
+    out: torch.Tensor = torch.ops.modelyard_kernels.add_rms_norm(
+        x, delta, weight, eps, torch_sum_width()
+    )
     return out
+
+
+@functools.cache
+def torch_sum_width() -> int:
+    """The vector width (8 or 16 floats) at which the kernels' sum of squares gives torch's own
+    float32 sum bit for bit on this host (its order follows torch's vectorized cascade sum, whose
+    vectors are as wide as the CPU capability torch dispatches to), checked on random rows of
+    several widths; 0 where neither does, and the bf16 norms then call torch's reduction."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [
+        (torch.randn(17, h, generator=generator) * 4).bfloat16() for h in (576, 200, 1000, 4104)
+    ]
+    for width in (16, 8):
+        found = (torch.ops.modelyard_kernels.mean_squares(x, width) for x in rows)
+        expected = (x.float().pow(2).mean(-1) for x in rows)
+        if all(torch.equal(a, b) for a, b in zip(found, expected, strict=True)):
+            return width
+    return 0
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ whole forward with and without them."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,21 @@ def test_bfloat16_norms_are_exactly_torchs(rows: int) -> None:
     normed = kernels.add_rms_norm(residual, delta, w, 1e-5)
     torch.testing.assert_close(residual, x + delta, atol=0, rtol=0)
     torch.testing.assert_close(normed, llama._rms_norm(x + delta, w, 1e-5), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 64, 576, 1000, 4096, 8200])
+def test_mean_of_squares_in_torchs_order_is_torchs(width: int) -> None:
+    """Where the kernels reproduce torch's float32 sum (x86: its vectorized cascade sum), the
+    mean of squares of a bf16 row equals torch's bit for bit at widths below one vector, with
+    leftover vectors and scalars, and past the first level of its chunked sum (4096, 8200)."""
+    sum_width = kernels.torch_sum_width()
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert sum_width in (8, 16)
+    torch.manual_seed(width)
+    x = (torch.randn(33, width) * 5).bfloat16()
+    x[3, 0] = 400.0
+    ours = torch.ops.modelyard_kernels.mean_squares(x, sum_width)
+    torch.testing.assert_close(ours, x.float().pow(2).mean(-1), atol=0, rtol=0)
 
 
 def test_bfloat16_rope_store_is_exactly_torchs() -> None:

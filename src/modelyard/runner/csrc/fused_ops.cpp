@@ -18,6 +18,8 @@
 // their sum; silu(gate) before its product with up. A bf16 RMSNorm's result hangs on the float32
 // mean of squares, so that one reduction is torch's own (a one-ulp difference in it shifts a
 // bf16 value now and then, and over 30 layers such shifts tip near-ties of greedy decoding).
+// That reduction is either torch's own (one more dispatch and pass per norm) or, where
+// kernels.torch_sum_width() found it reproduced bit for bit, torch_sum_squares below.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -27,6 +29,7 @@
 #include <initializer_list>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "vec.h"
 
@@ -74,11 +77,102 @@ void norm_row(const float* x, const float* w, float* y, int64_t h, float eps) {
   for (int64_t i = 0; i < h; ++i) y[i] = w[i] * (x[i] * r);
 }
 
+// ATen's utils::CeilLog2
+inline int64_t ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  int64_t bits = 0;
+  for (uint64_t v = static_cast<uint64_t>(x) - 1; v != 0; v >>= 1) ++bits;
+  return bits;
+}
+
+// W floats, added lane by lane: one Vectorized<float> of ATen's
+template <int W>
+struct Lanes {
+  float v[W] = {};
+  Lanes& operator+=(const Lanes& o) {
+    for (int l = 0; l < W; ++l) v[l] += o.v[l];
+    return *this;
+  }
+};
+
+// torch's x.float().pow(2).sum() over one contiguous row of h values, in the order of ATen's
+// cascade sum (SumKernel.cpp, vectorized_inner_sum): vectors of W floats (torch's
+// Vectorized<float> on this host), read as rows of 4 with 4 partial sums, each summed in chunks
+// of 2^level_power over up to 4 levels; leftover vectors into the first partial sum; the 4 partials
+// added in order; then the leftover scalars and the W lanes, in order, into one float.
+// sq: room for h floats.
+template <int W>
+float torch_sum_squares(const bf16* x, int64_t h, float* sq) {
+  for (int64_t e = 0; e < h; ++e) sq[e] = static_cast<float>(x[e]) * static_cast<float>(x[e]);
+  // torch's pow(2) and sum are two ops: each square is a rounded float in memory before it is
+  // added (the barrier keeps the compiler from fusing them into multiply-adds)
+  asm volatile("" ::: "memory");
+  auto load = [sq](int64_t vec) {
+    Lanes<W> out;
+    for (int l = 0; l < W; ++l) out.v[l] = sq[vec * W + l];
+    return out;
+  };
+  constexpr int kLevels = 4, kIlp = 4;
+  const int64_t vectors = h / W, rows = vectors / kIlp;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(rows) / kLevels);
+  const int64_t step = int64_t(1) << power, mask = step - 1;
+  Lanes<W> acc[kLevels][kIlp];
+  int64_t i = 0;
+  while (i + step <= rows) {
+    for (int64_t j = 0; j < step; ++j, ++i) {
+      for (int k = 0; k < kIlp; ++k) acc[0][k] += load(i * kIlp + k);
+    }
+    for (int j = 1; j < kLevels; ++j) {
+      for (int k = 0; k < kIlp; ++k) {
+        acc[j][k] += acc[j - 1][k];
+        acc[j - 1][k] = Lanes<W>{};
+      }
+      if ((i & (mask << (j * power))) != 0) break;
+    }
+  }
+  for (; i < rows; ++i) {
+    for (int k = 0; k < kIlp; ++k) acc[0][k] += load(i * kIlp + k);
+  }
+  for (int j = 1; j < kLevels; ++j) {
+    for (int k = 0; k < kIlp; ++k) acc[0][k] += acc[j][k];
+  }
+  for (int64_t v = rows * kIlp; v < vectors; ++v) acc[0][0] += load(v);
+  for (int k = 1; k < kIlp; ++k) acc[0][0] += acc[0][k];
+  float total = 0.f;
+  for (int64_t e = vectors * W; e < h; ++e) total += sq[e];
+  for (int l = 0; l < W; ++l) total += acc[0][0].v[l];
+  return total;
+}
+
+// the mean of squares of each bf16 row: torch's reduction (sum_width 0) or its order reproduced
+at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
+              "mean_squares: contiguous bfloat16 (T, H) only");
+  TORCH_CHECK(sum_width == 0 || sum_width == 8 || sum_width == 16,
+              "mean_squares: sum_width is 0, 8 or 16");
+  if (sum_width == 0) return x.to(at::kFloat).pow(2).mean(-1);
+  const int64_t t = x.size(0), h = x.size(1);
+  auto out = at::empty({t}, x.options().dtype(at::kFloat));
+  const bf16* xp = x.data_ptr<bf16>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> squares;
+    squares.resize(static_cast<size_t>(h));
+    for (int64_t r = begin; r < end; ++r) {
+      const float sum = sum_width == 16 ? torch_sum_squares<16>(xp + r * h, h, squares.data())
+                                        : torch_sum_squares<8>(xp + r * h, h, squares.data());
+      op[r] = sum / static_cast<float>(h);  // torch's mean: the sum, then a true division
+    }
+  });
+  return out;
+}
+
 // bfloat16 RMSNorm with torch's bits, as HF computes it: w * (x.float() * rsqrt(mean(x.float()^2)
 // + eps)).to(bf16). The mean of squares comes from torch's own reduction (the result hangs on its
 // float32 summation order); the rest is one pass: x * r rounded to bf16, then times w, rounded.
-at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::Tensor var = x.to(at::kFloat).pow(2).mean(-1);
+at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double eps,
+                         int64_t sum_width) {
+  const at::Tensor var = mean_squares(x, sum_width);
   const int64_t t = x.size(0), h = x.size(1);
   auto y = at::empty_like(x);
   const bf16* xp = x.data_ptr<bf16>();
@@ -98,11 +192,12 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
   return y;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                    int64_t sum_width) {
   if (x.scalar_type() == at::kBFloat16) {
     check_rows(x, {weight}, "rms_norm");
     TORCH_CHECK(weight.numel() == x.size(1), "rms_norm: weight must be (H,)");
-    return rms_norm_bf16(x, weight, eps);
+    return rms_norm_bf16(x, weight, eps, sum_width);
   }
   check_float_rows(x, "rms_norm");
   const int64_t t = x.size(0), h = x.size(1);
@@ -118,7 +213,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
-                        double eps) {
+                        double eps, int64_t sum_width) {
   if (x.scalar_type() == at::kBFloat16) {  // x += delta (torch's bf16 add), then the norm
     check_rows(x, {delta, weight}, "add_rms_norm");
     TORCH_CHECK(delta.sizes() == x.sizes() && weight.numel() == x.size(1),
@@ -131,7 +226,7 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
         xp[i] = static_cast<bf16>(static_cast<float>(xp[i]) + static_cast<float>(dp[i]));
       }
     });
-    return rms_norm_bf16(x, weight, eps);
+    return rms_norm_bf16(x, weight, eps, sum_width);
   }
   check_float_rows(x, "add_rms_norm");
   check_float_rows(delta, "add_rms_norm");
@@ -313,8 +408,12 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor weight, float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, int sum_width) -> Tensor");
+  m.def(
+      "add_rms_norm(Tensor(a!) x, Tensor delta, Tensor weight, float eps, int sum_width) -> "
+      "Tensor");
+  m.def("mean_squares(Tensor x, int sum_width) -> Tensor");
+  m.impl("mean_squares", c10::DispatchKey::CPU, &mean_squares);
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("silu_mul(Tensor x) -> Tensor");
   m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
