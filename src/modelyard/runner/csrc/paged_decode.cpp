@@ -372,8 +372,9 @@ inline void dp_values(const at::BFloat16* p, int64_t stride, const at::BFloat16*
     const bool two = t + 1 < n;
     __m512bh w[G];  // (p[t], p[t + 1]) of each query row, or (p[t], 0)
     for (int j = 0; j < G; ++j) {
-      uint32_t pair = 0;
-      std::memcpy(&pair, p + j * stride + t, two ? 4 : 2);
+      uint32_t pair;  // p has room for a pair past the last key (stride is even and > n)
+      std::memcpy(&pair, p + j * stride + t, sizeof(pair));
+      if (!two) pair &= 0xFFFFu;  // (p[t], 0): the low half is the earlier token
       w[j] = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
     }
     const auto* r0 = reinterpret_cast<const __m512i*>(v + t * 32 * C);
