@@ -270,30 +270,10 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 // than the widened path on the default model's decode step.
 #define MODELYARD_DP_ATTENTION 1
 
-typedef float f16v __attribute__((vector_size(64), aligned(4)));
-typedef int i16v __attribute__((vector_size(64), aligned(4)));
-
-inline f16v splat16(float x) { return f16v{} + x; }
-
-// exp8 of vec.h on 16 lanes
-inline __m512 exp16(__m512 in) {
-  f16v x = reinterpret_cast<const f16v&>(in);
-  x = x < splat16(-87.f) ? splat16(-87.f) : x;
-  x = x > splat16(88.f) ? splat16(88.f) : x;
-  f16v fx = x * splat16(1.44269504088896341f) + splat16(0.5f);
-  f16v n = __builtin_convertvector(__builtin_convertvector(fx, i16v), f16v);
-  n = n > fx ? n - splat16(1.f) : n;  // floor
-  x = x - n * splat16(0.693359375f) - n * splat16(-2.12194440e-4f);
-  f16v y = splat16(1.9875691500e-4f);
-  y = y * x + splat16(1.3981999507e-3f);
-  y = y * x + splat16(8.3334519073e-3f);
-  y = y * x + splat16(4.1665795894e-2f);
-  y = y * x + splat16(1.6666665459e-1f);
-  y = y * x + splat16(5.0000001201e-1f);
-  y = y * x * x + x + splat16(1.f);
-  const i16v bits = (__builtin_convertvector(n, i16v) + 127) << 23;
-  const f16v out = y * reinterpret_cast<const f16v&>(bits);
-  return reinterpret_cast<const __m512&>(out);
+// exp16 of vec.h on an AVX-512 register
+inline __m512 exp16(__m512 x) {
+  const modelyard::v16 y = modelyard::exp16(reinterpret_cast<const modelyard::v16&>(x));
+  return reinterpret_cast<const __m512&>(y);
 }
 
 // the first min(left, 16) lanes

@@ -56,24 +56,35 @@ inline void store_bf16(void* p, v8 x) {
   *reinterpret_cast<u16x8*>(p) = __builtin_convertvector(round_bf16_bits(x) >> 16, u16x8);
 }
 
-// exp of 8 floats (Cephes-style: 2^n times a degree-5 polynomial on [-ln2/2, ln2/2]), relative
-// error ~2e-7 like std::exp's float rounding; inputs below -87 give ~0 as softmax needs.
-inline v8 exp8(v8 x) {
-  x = x < splat(-87.f) ? splat(-87.f) : x;
-  x = x > splat(88.f) ? splat(88.f) : x;
-  v8 fx = x * splat(1.44269504088896341f) + splat(0.5f);
-  v8 n = __builtin_convertvector(__builtin_convertvector(fx, i8), v8);
-  n = n > fx ? n - splat(1.f) : n;  // floor
-  x = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
-  v8 y = splat(1.9875691500e-4f);
-  y = y * x + splat(1.3981999507e-3f);
-  y = y * x + splat(8.3334519073e-3f);
-  y = y * x + splat(4.1665795894e-2f);
-  y = y * x + splat(1.6666665459e-1f);
-  y = y * x + splat(5.0000001201e-1f);
-  y = y * x * x + x + splat(1.f);
-  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
-  return y * reinterpret_cast<const v8&>(bits);
+// exp of each lane (Cephes-style: 2^n times a degree-5 polynomial on [-ln2/2, ln2/2]), relative
+// error ~2e-7 like std::exp's float rounding; inputs below -87 give ~0 as softmax needs. V is a
+// float vector type and I the int vector of its width.
+template <typename V, typename I>
+inline V exp_lanes(V x) {
+  const auto c = [](float value) { return V{} + value; };
+  x = x < c(-87.f) ? c(-87.f) : x;
+  x = x > c(88.f) ? c(88.f) : x;
+  V fx = x * c(1.44269504088896341f) + c(0.5f);
+  V n = __builtin_convertvector(__builtin_convertvector(fx, I), V);
+  n = n > fx ? n - c(1.f) : n;  // floor
+  x = x - n * c(0.693359375f) - n * c(-2.12194440e-4f);
+  V y = c(1.9875691500e-4f);
+  y = y * x + c(1.3981999507e-3f);
+  y = y * x + c(8.3334519073e-3f);
+  y = y * x + c(4.1665795894e-2f);
+  y = y * x + c(1.6666665459e-1f);
+  y = y * x + c(5.0000001201e-1f);
+  y = y * x * x + x + c(1.f);
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  return y * reinterpret_cast<const V&>(bits);
 }
+
+inline v8 exp8(v8 x) { return exp_lanes<v8, i8>(x); }
+
+// 16 floats: one AVX-512 register where the host has it
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef int i16 __attribute__((vector_size(64), aligned(4)));
+
+inline v16 exp16(v16 x) { return exp_lanes<v16, i16>(x); }
 
 }  // namespace modelyard
