@@ -19,7 +19,7 @@ bfloat16 weights are packed once too, where torch's oneDNN has native bf16 kerne
 BF16 / AMX hosts): oneDNN's own blocked layout (`mkldnn._reorder_linear_weight`), so a call no
 longer re-lays the weight out. `F.linear` in bf16 runs the same oneDNN kernels, so the result is
 bit-identical to it (tested), and 1.2-2x faster at decode row counts (1-32 rows) on an AVX-512
-BF16 host; at prefill sizes the two are level. At decode sizes (up to 64 rows) and K up to 1024,
+BF16 host; at prefill sizes the two are level. At decode sizes (up to 64 rows) and K up to 3072,
 bf16 runs the runner's own GEMM instead (`csrc/gemm_bf16.cpp`: `vdpbf16ps` panels, the next
 weights prefetched), which sums in oneDNN's order and so gives the same bits (tested at 1-64
 rows), ~1.35x faster over a decode step's weights. Elsewhere bf16 keeps `F.linear`.
