@@ -78,17 +78,24 @@ def test_bfloat16_norms_are_exactly_torchs(rows: int) -> None:
     torch.testing.assert_close(normed, llama._rms_norm(x + delta, w, 1e-5), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("width", [1, 7, 8, 64, 576, 1000, 4096, 8200])
-def test_mean_of_squares_in_torchs_order_is_torchs(width: int) -> None:
+@pytest.mark.parametrize(
+    ("rows", "width"),
+    [
+        *((33, width) for width in (1, 5, 7, 8, 15, 64, 576, 1000, 4096, 8200)),
+        (1, 40000),
+    ],
+)
+def test_mean_of_squares_in_torchs_order_is_torchs(rows: int, width: int) -> None:
     """Where the kernels reproduce torch's float32 sum (x86: its vectorized cascade sum), the
-    mean of squares of a bf16 row equals torch's bit for bit at widths below one vector, with
-    leftover vectors and scalars, and past the first level of its chunked sum (4096, 8200)."""
+    mean of squares of a bf16 row equals torch's bit for bit: rows shorter than one vector
+    (torch's scalar cascade), leftover vectors and scalars, past the first level of the chunked
+    sum (4096, 8200), and one long row (which torch splits across threads: torch's own sum
+    then). Values spread over many orders of magnitude, so a different order shows."""
     sum_width = kernels.torch_sum_width()
     if platform.machine() in ("x86_64", "AMD64"):
         assert sum_width in (8, 16)
     torch.manual_seed(width)
-    x = (torch.randn(33, width) * 5).bfloat16()
-    x[3, 0] = 400.0
+    x = (torch.randn(rows, width) * torch.exp(3 * torch.randn(rows, width))).bfloat16()
     ours = torch.ops.modelyard_kernels.mean_squares(x, sum_width)
     torch.testing.assert_close(ours, x.float().pow(2).mean(-1), atol=0, rtol=0)
 

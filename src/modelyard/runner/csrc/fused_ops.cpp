@@ -154,8 +154,10 @@ at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width) {
               "mean_squares: contiguous bfloat16 (T, H) only");
   TORCH_CHECK(sum_width == 0 || sum_width == 8 || sum_width == 16,
               "mean_squares: sum_width is 0, 8 or 16");
-  if (sum_width == 0) return x.to(at::kFloat).pow(2).mean(-1);
   const int64_t t = x.size(0), h = x.size(1);
+  // one long row on several threads: torch splits its sum across them (another order)
+  const bool split = t == 1 && h >= at::internal::GRAIN_SIZE && at::get_num_threads() > 1;
+  if (sum_width == 0 || split) return x.to(at::kFloat).pow(2).mean(-1);
   auto out = at::empty({t}, x.options().dtype(at::kFloat));
   const bf16* xp = x.data_ptr<bf16>();
   float* op = out.data_ptr<float>();
@@ -163,8 +165,12 @@ at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width) {
     thread_local std::vector<float> squares;
     squares.resize(static_cast<size_t>(h));
     for (int64_t r = begin; r < end; ++r) {
-      const float sum = sum_width == 16 ? torch_sum_squares<16>(xp + r * h, h, squares.data())
-                                        : torch_sum_squares<8>(xp + r * h, h, squares.data());
+      const bf16* row = xp + r * h;
+      float* sq = squares.data();
+      // rows shorter than one vector: ATen's scalar cascade (the same order on 1-wide vectors)
+      const float sum = h < sum_width          ? torch_sum_squares<1>(row, h, sq)
+                        : sum_width == 16      ? torch_sum_squares<16>(row, h, sq)
+                                               : torch_sum_squares<8>(row, h, sq);
       op[r] = sum / static_cast<float>(h);  // torch's mean: the sum, then a true division
     }
   });

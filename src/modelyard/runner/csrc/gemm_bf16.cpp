@@ -5,11 +5,11 @@
 // into panels of 16 output columns holding k in pairs (`vdpbf16ps`'s operand: 16 columns x 2 k
 // = 64 bytes per pair of k) and prefetches the next panels while it computes. Its summation order
 // is oneDNN's at these sizes (found by emulating candidate orders in float32 against oneDNN's
-// outputs): K in blocks of 512 where K <= 1024, of 1024 past that (the last block takes the
-// rest), each summed from zero into a float32 accumulator in order, each pair of k adding its
-// odd product and then its even one (what one `vdpbf16ps` does); the block sums added in order;
-// the total rounded to bf16 by `vcvtneps2bf16`. So it returns F.linear's bits (tested at every
-// row count 1-64 for K up to 3072).
+// outputs): K in blocks of 512 where K <= 1024 or x is one row, of 1024 otherwise (the last
+// block takes the rest), each summed from zero into a float32 accumulator in order, each pair of
+// k adding its odd product and then its even one (what one `vdpbf16ps` does); the block sums
+// added in order; the total rounded to bf16 by `vcvtneps2bf16`. So it returns F.linear's bits
+// (tested at every row count 1-64 for K up to 3072, and on many single rows).
 // Larger row counts stay on oneDNN (runner.linear).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -50,16 +50,17 @@ at::Tensor pack_bf16(const at::Tensor& w) {
 }
 
 #if defined(MODELYARD_BF16_GEMM)
-// pairs of k per block summed from zero (oneDNN's order)
-int64_t block_pairs(int64_t k) { return k <= 1024 ? 256 : 512; }
+// pairs of k per block summed from zero in oneDNN's order for x (m, k): 512 k, or 1024 where
+// K > 1024 and there is more than one row
+int64_t block_pairs(int64_t m, int64_t k) { return k <= 1024 || m == 1 ? 256 : 512; }
 
 // rows x (MR, K) times panels a (and b when TWO) into y (MR rows, 16 or 32 columns, ldy);
 // x rows as 32-bit pairs (ldx pairs apart); pf: lines of the next panels to prefetch, one per
 // `every` pairs
 template <int MR, bool TWO>
 void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b, int64_t pairs,
-           at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf, int64_t every) {
-  const int64_t block = block_pairs(2 * pairs);
+           at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf, int64_t every,
+           int64_t block) {
   __m512 acc[MR][2], total[MR][2];
   int64_t countdown = 1;
   for (int64_t j0 = 0; j0 < pairs; j0 += block) {
@@ -104,9 +105,11 @@ void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
 template <int MR, bool TWO>
 void micro_rows(int rows, const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
                 int64_t pairs, at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf,
-                int64_t every) {
-  if (rows == MR) return micro<MR, TWO>(x, ldx, a, b, pairs, y, ldy, ncols, pf, every);
-  if constexpr (MR > 1) micro_rows<MR - 1, TWO>(rows, x, ldx, a, b, pairs, y, ldy, ncols, pf, every);
+                int64_t every, int64_t block) {
+  if (rows == MR) return micro<MR, TWO>(x, ldx, a, b, pairs, y, ldy, ncols, pf, every, block);
+  if constexpr (MR > 1) {
+    micro_rows<MR - 1, TWO>(rows, x, ldx, a, b, pairs, y, ldy, ncols, pf, every, block);
+  }
 }
 #endif
 
@@ -129,6 +132,7 @@ at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   const int64_t units = (panels + 1) / 2;  // pairs of panels
   const int64_t calls = (m + kRows - 1) / kRows;
+  const int64_t block = block_pairs(m, k);
   modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
     const int64_t p = 2 * unit;
     const bool two = p + 1 < panels;
@@ -148,9 +152,9 @@ at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int
       const uint32_t* xi = xp + i * pairs;
       at::BFloat16* yi = yp + i * n + p * kCols;
       if (two) {
-        micro_rows<kRows, true>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every);
+        micro_rows<kRows, true>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every, block);
       } else {
-        micro_rows<kRows, false>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every);
+        micro_rows<kRows, false>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every, block);
       }
     }
   });

@@ -261,7 +261,8 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   return out;
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__)
 // bfloat16 on AVX-512 BF16 hosts: `vdpbf16ps` multiplies bf16 pairs exactly and sums them in
 // float32, the arithmetic of the widened path without widening anything. Scores: one key row
 // against a query row in hd / 32 instructions, then 16 keys' lane sums at once by a transposing

@@ -81,10 +81,12 @@ inline V exp_lanes(V x) {
 
 inline v8 exp8(v8 x) { return exp_lanes<v8, i8>(x); }
 
-// 16 floats: one AVX-512 register where the host has it
+#if defined(__AVX512F__)
+// 16 floats: one AVX-512 register
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int i16 __attribute__((vector_size(64), aligned(4)));
 
 inline v16 exp16(v16 x) { return exp_lanes<v16, i16>(x); }
+#endif
 
 }  // namespace modelyard
