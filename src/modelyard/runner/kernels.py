@@ -25,6 +25,7 @@ import logging
 import os
 import platform
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -159,6 +160,21 @@ def torch_sum_width() -> int:
         if all(torch.equal(a, b) for a, b in zip(found, expected, strict=True)):
             return width
     return 0
+
+
+@contextlib.contextmanager
+def team(enabled: bool = True) -> Iterator[None]:
+    """Inside: the kernels' parallel calls share their work with a helper thread that spins
+    between calls instead of sleeping (`csrc/claim.h`), for a decode step's ~150 short calls.
+    A no-op when `enabled` is False or the kernels are not built."""
+    if not (enabled and load()):
+        yield
+        return
+    torch.ops.modelyard_kernels.team_begin()
+    try:
+        yield
+    finally:
+        torch.ops.modelyard_kernels.team_end()
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:

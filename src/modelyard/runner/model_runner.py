@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Literal
 
 import torch
 
 from modelyard.engine.config import CacheConfig, ModelConfig
 from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.loader import ResolvedModel, resolve_model
 from modelyard.runner.models.hf_generic import GenericModel
@@ -41,6 +43,11 @@ def choose_implementation(resolved: ResolvedModel, requested: str) -> Implementa
     if requested == "generic" or not supported:
         return "generic"
     return "native"
+
+
+# decode steps run the kernels' parallel calls with a spinning helper (kernels.team);
+# MODELYARD_DECODE_TEAM=0 keeps ATen's passive threads for them
+_TEAM = os.environ.get("MODELYARD_DECODE_TEAM", "1") != "0"
 
 
 class ModelRunner:
@@ -142,7 +149,8 @@ class ModelRunner:
             if r.sample:
                 ends.append(row - 1)
         sample_rows = torch.tensor(ends, dtype=torch.long)  # (S,)
-        return self._native.forward(input_ids, meta, sample_rows)
+        with kernels.team(meta.all_decodes and _TEAM):
+            return self._native.forward(input_ids, meta, sample_rows)
 
 
 def _max_model_len(config: object, requested: int | None) -> int:

@@ -1,40 +1,177 @@
-// Work split across the ATen thread pool by claiming, not by static halves.
+// Work split across threads by claiming, not by static halves.
 //
 // On a shared host one core can run much slower than the other for seconds at a time (another
 // tenant on its SMT sibling: this project's 2-vCPU host measured 63 against 91 GFLOP/s of FMA
 // throughput on its two cores at once). A static split makes every parallel call wait for the
 // slow core's half; here each thread takes the next unit from a shared counter until none is
 // left, so the fast core simply does more units.
+//
+// The threads are the ATen pool's, or, between Team::begin() and Team::end() (a decode step, see
+// runner.kernels.team), one helper thread of this library that waits for the next call by
+// spinning. ATen's OpenMP threads wait passively (the engine worker's environment): each parallel
+// call then wakes its second thread, which joins ~30 us late, and a bf16 decode step makes ~150
+// such calls of 50-300 us. Spinning only inside a step keeps the helper awake across the step's
+// calls and asleep between steps. While it spins it yields the core every few microseconds, so
+// a process beside it still gets the core, and a call never waits for a helper that has not
+// started on it: the caller takes back a call the helper has not picked up yet.
 #pragma once
 
 #include <ATen/Parallel.h>
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace modelyard {
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Calls fn(unit, following, first) for units claimed from `counter` until none is left.
+template <typename Fn>
+void claim_units(std::atomic<int64_t>& counter, int64_t units, const Fn& fn) {
+  int64_t unit = counter.fetch_add(1, std::memory_order_relaxed);
+  bool first = true;
+  while (unit < units) {
+    const int64_t following = std::min(units, counter.fetch_add(1, std::memory_order_relaxed));
+    fn(unit, following, first);
+    unit = following;
+    first = false;
+  }
+}
+
+// One helper thread for claimed work inside a step (see the top of this file).
+class Team {
+ public:
+  using Task = std::function<void(int64_t, int64_t, bool)>;
+
+  // The process's team. A forked child gets a new one: the parent's helper thread (and the
+  // state of its lock) did not come along. Never destroyed: the helper outlives static teardown.
+  static Team& get() {
+    static std::atomic<Team*> team{nullptr};
+    static std::atomic<pid_t> owner{0};
+    const pid_t pid = getpid();
+    pid_t seen = owner.load(std::memory_order_acquire);
+    if (seen != pid) {
+      if (seen != -pid && owner.compare_exchange_strong(seen, -pid)) {
+        team.store(new Team(), std::memory_order_release);
+        owner.store(pid, std::memory_order_release);
+      }
+      while (owner.load(std::memory_order_acquire) != pid) cpu_relax();
+    }
+    return *team.load(std::memory_order_acquire);
+  }
+
+  // From now until end(), for_each_claimed shares its units with the spinning helper.
+  void begin() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { helper(); }).detach();
+    }
+    active_.store(true, std::memory_order_release);
+    wake_.notify_all();
+  }
+
+  void end() { active_.store(false, std::memory_order_release); }
+
+  // Runs fn over the units on this thread and the helper; false (nothing run) when no step is
+  // open, another call is in flight, or we are inside an ATen parallel region.
+  template <typename Fn>
+  bool run(int64_t units, const Fn& fn) {
+    if (!active_.load(std::memory_order_acquire) || at::in_parallel_region()) return false;
+    bool expected = false;
+    if (!busy_.compare_exchange_strong(expected, true, std::memory_order_acquire)) return false;
+    const Task task = [&fn](int64_t unit, int64_t following, bool first) {
+      fn(unit, following, first);
+    };
+    std::atomic<int64_t> counter{0};
+    task_ = &task;
+    counter_ = &counter;
+    units_ = units;
+    state_.store(kPosted, std::memory_order_release);
+    claim_units(counter, units, fn);
+    int state = kPosted;  // take the call back if the helper has not picked it up
+    if (!state_.compare_exchange_strong(state, kIdle, std::memory_order_acq_rel)) {
+      while (state_.load(std::memory_order_acquire) != kIdle) wait_a_little();
+    }
+    busy_.store(false, std::memory_order_release);
+    return true;
+  }
+
+ private:
+  static constexpr int kIdle = 0, kPosted = 1, kRunning = 2;
+
+  static void wait_a_little() {
+    for (int i = 0; i < 32; ++i) cpu_relax();
+    sched_yield();  // a thread beside us on this core runs now, if there is one
+  }
+
+  void helper() {
+    for (;;) {
+      int state = kPosted;
+      if (state_.compare_exchange_strong(state, kRunning, std::memory_order_acq_rel)) {
+        claim_units(*counter_, units_, *task_);
+        state_.store(kIdle, std::memory_order_release);
+        continue;
+      }
+      if (active_.load(std::memory_order_acquire)) {
+        wait_a_little();
+        continue;
+      }
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [this] { return active_.load(std::memory_order_acquire); });
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool started_ = false;
+  std::atomic<bool> active_{false}, busy_{false};
+  std::atomic<int> state_{kIdle};
+  const Task* task_ = nullptr;
+  std::atomic<int64_t>* counter_ = nullptr;
+  int64_t units_ = 0;
+};
+
 // Calls fn(unit, following, first) for every unit in [0, units), each exactly once, on up to
-// at::get_num_threads() threads. A thread claims its next unit when it starts the current one,
-// so `following` (units when there is none) tells fn what it will run next, e.g. what to
-// prefetch; `first` is true for a thread's first unit.
+// at::get_num_threads() threads (or this thread and the Team's helper inside a step). A thread
+// claims its next unit when it starts the current one, so `following` (units when there is none)
+// tells fn what it will run next, e.g. what to prefetch; `first` is true for a thread's first
+// unit.
 template <typename Fn>
 void for_each_claimed(int64_t units, const Fn& fn) {
   if (units <= 0) return;
+  if (units > 1 && at::get_num_threads() > 1 && Team::get().run(units, fn)) return;
   std::atomic<int64_t> counter{0};
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), units);
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    int64_t unit = counter.fetch_add(1, std::memory_order_relaxed);
-    bool first = true;
-    while (unit < units) {
-      const int64_t following =
-          std::min(units, counter.fetch_add(1, std::memory_order_relaxed));
-      fn(unit, following, first);
-      unit = following;
-      first = false;
-    }
-  });
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { claim_units(counter, units, fn); });
+}
+
+// fn(begin, end) over [0, n): inside a step on this thread and the Team's helper, in chunks of
+// `chunk` (the helper is awake, so even a pass of a few microseconds is worth splitting), else
+// at::parallel_for with `grain`.
+template <typename Fn>
+void parallel_chunks(int64_t n, int64_t grain, int64_t chunk, const Fn& fn) {
+  if (n <= 0) return;
+  const int64_t units = (n + chunk - 1) / chunk;
+  const auto unit = [&](int64_t u, int64_t, bool) { fn(u * chunk, std::min(n, (u + 1) * chunk)); };
+  if (units > 1 && at::get_num_threads() > 1 && Team::get().run(units, unit)) return;
+  at::parallel_for(0, n, grain, fn);
 }
 
 }  // namespace modelyard

@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "claim.h"
 #include "vec.h"
 
 #if defined(__AVX512F__)
@@ -46,6 +47,9 @@ using modelyard::v8;
 // waits) costs ~20-25 us, so a decode step's SwiGLU (32 x 2 x 1536) takes ~40 us on one thread
 // and ~55 us on two.
 constexpr int64_t kElementsPerTask = 1 << 17;
+
+// Inside a decode step (claim.h's Team) passes split into chunks of this many rows or elements.
+constexpr int64_t kRowsPerChunk = 4, kElementsPerChunk = 4096;
 
 int64_t row_grain(int64_t row_elements) {
   return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, row_elements));
@@ -161,7 +165,7 @@ at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width) {
   auto out = at::empty({t}, x.options().dtype(at::kFloat));
   const bf16* xp = x.data_ptr<bf16>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> squares;
     squares.resize(static_cast<size_t>(h));
     for (int64_t r = begin; r < end; ++r) {
@@ -190,7 +194,7 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
   const float* vp = var.data_ptr<float>();
   bf16* yp = y.data_ptr<bf16>();
   const float feps = static_cast<float>(eps);  // torch adds the Python float as a float32
-  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float inv = 1.f / std::sqrt(vp[r] + feps);
       for (int64_t i = 0; i < h; ++i) {
@@ -216,7 +220,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) norm_row(xp + r * h, wp, yp + r * h, h, eps);
   });
   return y;
@@ -231,11 +235,12 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
     bf16* xp = x.data_ptr<bf16>();
     const bf16* dp = delta.data_ptr<bf16>();
     const int64_t n = x.numel();
-    at::parallel_for(0, n, kElementsPerTask, [&](int64_t begin, int64_t end) {
+    const auto add = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         xp[i] = static_cast<bf16>(static_cast<float>(xp[i]) + static_cast<float>(dp[i]));
       }
-    });
+    };
+    modelyard::parallel_chunks(n, kElementsPerTask, kElementsPerChunk, add);
     return rms_norm_bf16(x, weight, eps, sum_width);
   }
   check_float_rows(x, "add_rms_norm");
@@ -248,7 +253,7 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
   const float* dp = delta.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, t, row_grain(h), [&](int64_t begin, int64_t end) {
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* row = xp + r * h;
 #pragma omp simd
@@ -299,7 +304,7 @@ void rope_store_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& s
   const T* sp = signed_sin.data_ptr<T>();
   T* kc = k_cache.data_ptr<T>();
   T* vc = v_cache.data_ptr<T>();
-  at::parallel_for(0, t, row_grain(width), [&](int64_t begin, int64_t end) {
+  modelyard::parallel_chunks(t, row_grain(width), kRowsPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       T* row = qp + r * width;
       for (int64_t head = 0; head < rotated; ++head) {
@@ -380,7 +385,7 @@ at::Tensor silu_mul(const at::Tensor& x) {
   auto out = at::empty({t, width}, x.options());
   const bf16* xp = x.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
-  at::parallel_for(0, t, row_grain(2 * width), [&](int64_t begin, int64_t end) {
+  const auto rows = [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const bf16* gate = xp + r * 2 * width;
       const bf16* up = gate + width;
@@ -401,7 +406,8 @@ at::Tensor silu_mul(const at::Tensor& x) {
         y[i] = static_cast<bf16>(bf(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
       }
     }
-  });
+  };
+  modelyard::parallel_chunks(t, row_grain(2 * width), kRowsPerChunk, rows);
   return out;
 }
 

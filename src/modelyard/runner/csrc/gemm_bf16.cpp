@@ -164,7 +164,12 @@ at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int
 
 }  // namespace
 
+void team_begin() { modelyard::Team::get().begin(); }
+void team_end() { modelyard::Team::get().end(); }
+
 TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
+  m.def("team_begin() -> ()", &team_begin);
+  m.def("team_end() -> ()", &team_end);
   m.def("bf16_gemm_supported() -> bool", &bf16_gemm_supported);
   m.def("pack_bf16(Tensor w) -> Tensor");
   m.def("packed_linear_bf16(Tensor x, Tensor packed, int n) -> Tensor");

@@ -458,7 +458,9 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     }
     float* oh = op + (r * nh + h * G) * hd;
     for (int j = 0; j < G; ++j) {
-      for (int c = 0; c < C; ++c) unscramble(acc[j][c][0], acc[j][c][1], inv[j], oh + j * hd + 32 * c);
+      for (int c = 0; c < C; ++c) {
+        unscramble(acc[j][c][0], acc[j][c][1], inv[j], oh + j * hd + 32 * c);
+      }
     }
   });
   return out;
