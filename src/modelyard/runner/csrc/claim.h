@@ -7,13 +7,15 @@
 // left, so the fast core simply does more units.
 //
 // The threads are the ATen pool's, or, between Team::begin() and Team::end() (a decode step, see
-// runner.kernels.team), one helper thread of this library that waits for the next call by
-// spinning. ATen's OpenMP threads wait passively (the engine worker's environment): each parallel
-// call then wakes its second thread, which joins ~30 us late, and a bf16 decode step makes ~150
-// such calls of 50-300 us. Spinning only inside a step keeps the helper awake across the step's
-// calls and asleep between steps. While it spins it yields the core every few microseconds, so
-// a process beside it still gets the core, and a call never waits for a helper that has not
-// started on it: the caller takes back a call the helper has not picked up yet.
+// runner.kernels.team) on a 2-thread pool, one helper thread of this library that waits for the
+// next call by spinning. ATen's OpenMP threads wait passively (the engine worker's environment):
+// each parallel call then wakes its second thread, which joins ~30 us late, and a bf16 decode
+// step makes ~150 such calls of 50-300 us. Spinning only inside a step keeps the helper awake
+// across the step's calls and asleep between steps. While it spins it yields the core every few
+// microseconds, so a process beside it still gets the core, and a call never waits for a helper
+// that has not started on it: the caller takes back a call the helper has not picked up yet.
+// The cost: when the scheduler preempts the helper in the middle of its unit, the call waits
+// until it runs again (docs/benchmarks.md, step 18).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -25,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -80,8 +83,8 @@ class Team {
   void begin() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!started_) {
-      started_ = true;
       std::thread([this] { helper(); }).detach();
+      started_ = true;
     }
     active_.store(true, std::memory_order_release);
     wake_.notify_all();
@@ -89,11 +92,18 @@ class Team {
 
   void end() { active_.store(false, std::memory_order_release); }
 
+  // Whether the calling thread is this team's helper (for tests).
+  bool on_helper() const { return helper_id_.load() == std::this_thread::get_id(); }
+
   // Runs fn over the units on this thread and the helper; false (nothing run) when no step is
-  // open, another call is in flight, or we are inside an ATen parallel region.
+  // open, another call is in flight, we are inside an ATen parallel region, or ATen runs other
+  // than 2 threads (one helper would take work from a larger pool).
   template <typename Fn>
   bool run(int64_t units, const Fn& fn) {
-    if (!active_.load(std::memory_order_acquire) || at::in_parallel_region()) return false;
+    if (!active_.load(std::memory_order_acquire) || at::in_parallel_region() ||
+        at::get_num_threads() != 2) {
+      return false;
+    }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true, std::memory_order_acquire)) return false;
     const Task task = [&fn](int64_t unit, int64_t following, bool first) {
@@ -103,13 +113,22 @@ class Team {
     task_ = &task;
     counter_ = &counter;
     units_ = units;
+    helper_error_ = nullptr;
     state_.store(kPosted, std::memory_order_release);
-    claim_units(counter, units, fn);
+    std::exception_ptr error;
+    try {
+      claim_units(counter, units, fn);
+    } catch (...) {  // stop the helper after its unit; task and counter must outlive it
+      error = std::current_exception();
+      counter.store(units, std::memory_order_relaxed);
+    }
     int state = kPosted;  // take the call back if the helper has not picked it up
     if (!state_.compare_exchange_strong(state, kIdle, std::memory_order_acq_rel)) {
       while (state_.load(std::memory_order_acquire) != kIdle) wait_a_little();
     }
+    if (!error) error = helper_error_;
     busy_.store(false, std::memory_order_release);
+    if (error) std::rethrow_exception(error);
     return true;
   }
 
@@ -122,10 +141,17 @@ class Team {
   }
 
   void helper() {
+    helper_id_.store(std::this_thread::get_id());
     for (;;) {
       int state = kPosted;
-      if (state_.compare_exchange_strong(state, kRunning, std::memory_order_acq_rel)) {
-        claim_units(*counter_, units_, *task_);
+      if (state_.load(std::memory_order_relaxed) == kPosted &&
+          state_.compare_exchange_strong(state, kRunning, std::memory_order_acq_rel)) {
+        try {
+          claim_units(*counter_, units_, *task_);
+        } catch (...) {  // the caller rethrows it
+          helper_error_ = std::current_exception();
+          counter_->store(units_, std::memory_order_relaxed);
+        }
         state_.store(kIdle, std::memory_order_release);
         continue;
       }
@@ -141,11 +167,13 @@ class Team {
   std::mutex mu_;
   std::condition_variable wake_;
   bool started_ = false;
+  std::atomic<std::thread::id> helper_id_{};
   std::atomic<bool> active_{false}, busy_{false};
-  std::atomic<int> state_{kIdle};
+  alignas(64) std::atomic<int> state_{kIdle};  // its own cache line: the helper polls it
   const Task* task_ = nullptr;
   std::atomic<int64_t>* counter_ = nullptr;
   int64_t units_ = 0;
+  std::exception_ptr helper_error_;
 };
 
 // Calls fn(unit, following, first) for every unit in [0, units), each exactly once, on up to

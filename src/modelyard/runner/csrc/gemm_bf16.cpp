@@ -16,7 +16,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "claim.h"
 
@@ -167,9 +171,38 @@ at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int
 void team_begin() { modelyard::Team::get().begin(); }
 void team_end() { modelyard::Team::get().end(); }
 
+// for_each_claimed's contract, for tests: (3, units) rows of how many times each unit ran (each
+// exactly once), whether it ran on the calling thread, and whether on the Team's helper; an error
+// raised by unit `fail` (-1: none) reaches the caller from whichever thread ran it; each unit
+// busy for `unit_us` microseconds
+at::Tensor claim_probe(int64_t units, int64_t fail, int64_t unit_us) {
+  auto result = at::zeros({3, units}, at::kInt);
+  const auto n = static_cast<size_t>(units);
+  std::vector<std::atomic<int>> seen(n), here(n), helper(n);
+  const auto caller = std::this_thread::get_id();
+  modelyard::for_each_claimed(units, [&](int64_t unit, int64_t, bool) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(unit_us);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    TORCH_CHECK(unit != fail, "claim_probe: unit ", unit, " failed");
+    const auto u = static_cast<size_t>(unit);
+    seen[u].fetch_add(1, std::memory_order_relaxed);
+    if (std::this_thread::get_id() == caller) here[u].store(1);
+    if (modelyard::Team::get().on_helper()) helper[u].store(1);
+  });
+  int* out = result.data_ptr<int>();
+  for (int64_t u = 0; u < units; ++u) {
+    out[u] = seen[static_cast<size_t>(u)].load();
+    out[units + u] = here[static_cast<size_t>(u)].load();
+    out[2 * units + u] = helper[static_cast<size_t>(u)].load();
+  }
+  return result;
+}
+
 TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
   m.def("team_begin() -> ()", &team_begin);
   m.def("team_end() -> ()", &team_end);
+  m.def("claim_probe(int units, int fail, int unit_us) -> Tensor", &claim_probe);
   m.def("bf16_gemm_supported() -> bool", &bf16_gemm_supported);
   m.def("pack_bf16(Tensor w) -> Tensor");
   m.def("packed_linear_bf16(Tensor x, Tensor packed, int n) -> Tensor");
