@@ -184,6 +184,54 @@ void finish_rows(float* out, int64_t g, int64_t hd, const float* inv) {
   }
 }
 
+// The paged caches as a decode reads them, for (request, KV head) work items.
+template <typename T>
+struct PagedKV {
+  const T* k;
+  const T* v;
+  const int64_t* tables;
+  const int64_t* lens;
+  int64_t nkv, nblocks, bs, hd, nb_max, window;
+
+  PagedKV(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+          const at::Tensor& seq_lens, int64_t window)
+      : k(k_cache.data_ptr<T>()),
+        v(v_cache.data_ptr<T>()),
+        tables(block_tables.data_ptr<int64_t>()),
+        lens(seq_lens.data_ptr<int64_t>()),
+        nkv(k_cache.size(0)),
+        nblocks(k_cache.size(1)),
+        bs(k_cache.size(2)),
+        hd(k_cache.size(3)),
+        nb_max(block_tables.size(1)),
+        window(window) {}
+
+  // keys [first, len) of request r
+  std::pair<int64_t, int64_t> key_range(int64_t r) const {
+    const int64_t len = lens[r];
+    return std::make_pair(window > 0 ? std::max<int64_t>(0, len - window) : 0, len);
+  }
+
+  // the cache row of block b of request r's table, for KV head h
+  int64_t block_row(int64_t r, int64_t h, int64_t b) const {
+    return (h * nblocks + tables[r * nb_max + b]) * bs;
+  }
+
+  // Each block is its own 4 KiB run, where hardware prefetchers stop, and one block's compute is
+  // far shorter than its fetch: so the next item's K/V blocks (up to kPrefetchBytes) are
+  // prefetched while this item computes, and blocks past that budget one block ahead.
+  void prefetch_item(int64_t item) const {
+    const int64_t r = item / nkv, h = item % nkv;
+    const auto [first, len] = key_range(r);
+    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(T)));
+    const int64_t stop = std::min((len - 1) / bs + 1, first / bs + budget);
+    for (int64_t b = first / bs; b < stop; ++b) {
+      prefetch_rows(k + block_row(r, h, b) * hd, bs * hd);
+      prefetch_rows(v + block_row(r, h, b) * hd, bs * hd);
+    }
+  }
+};
+
 // q (D, nh, hd) float32; caches (nkv, NB, bs, hd) of T; block_tables (D, nb_max) int64;
 // seq_lens (D,) int64 (keys per request, the query being the last); window 0 = none.
 // Returns (D, nh, hd) float32.
@@ -191,58 +239,32 @@ template <typename T>
 at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                   int64_t window) {
-  const int64_t d = q.size(0), nh = q.size(1), hd = q.size(2);
-  const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
-  const int64_t g = nh / nkv, nb_max = block_tables.size(1);
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const PagedKV<T> kv(k_cache, v_cache, block_tables, seq_lens, window);
+  const int64_t d = q.size(0), nh = q.size(1), hd = kv.hd, nkv = kv.nkv, bs = kv.bs;
+  const int64_t g = nh / nkv;
   auto out = at::zeros_like(q);
   const float* qp = q.data_ptr<float>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-
-  // keys [first, len) of request r, and the cache row of block b of its table for KV head h
-  auto key_range = [&](int64_t r) {
-    const int64_t len = lens[r];
-    return std::make_pair(window > 0 ? std::max<int64_t>(0, len - window) : 0, len);
-  };
-  auto block_row = [&](int64_t r, int64_t h, int64_t b) {
-    return (h * nblocks + tables[r * nb_max + b]) * bs;
-  };
-  // Each block is its own 4 KiB run, where hardware prefetchers stop, and one block's compute is
-  // far shorter than its fetch: so the next item's K/V blocks (up to kPrefetchBytes) are
-  // prefetched while this item computes, and blocks past that budget one block ahead.
-  auto prefetch_item = [&](int64_t item) {
-    const int64_t r = item / nkv, h = item % nkv;
-    const auto [first, len] = key_range(r);
-    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(T)));
-    const int64_t stop = std::min((len - 1) / bs + 1, first / bs + budget);
-    for (int64_t b = first / bs; b < stop; ++b) {
-      prefetch_rows(kp + block_row(r, h, b) * hd, bs * hd);
-      prefetch_rows(vp + block_row(r, h, b) * hd, bs * hd);
-    }
-  };
 
   // items are claimed by the threads in turn (claim.h); scores live in a per-thread buffer
   modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
     thread_local std::vector<float> scores, widened;  // widened: one bf16 block as float32
     if (!std::is_same_v<T, float>) widened.resize(static_cast<size_t>(bs * hd));
     alignas(32) float inv[64];  // 1 / softmax sum of each of the g query rows
-    if (opening) prefetch_item(item);
-    if (following < d * nkv) prefetch_item(following);
+    if (opening) kv.prefetch_item(item);
+    if (following < d * nkv) kv.prefetch_item(following);
     const int64_t r = item / nkv, h = item % nkv;
-    const auto [first, len] = key_range(r);
+    const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = (len - 1) / bs;
     scores.resize(static_cast<size_t>(g * n));
     const float* qh = qp + (r * nh + h * g) * hd;  // the g query rows of this KV head
     // keys come in runs that stay inside one block: contiguous rows
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-      if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
+      if (b < last_block) prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
       const float* keys =
-          as_float(kp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+          as_float(kv.k + (kv.block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
       block_scores(qh, keys, run, g, hd, fscale, scores.data() + (p - first), n);
       p += run;
     }
@@ -250,9 +272,9 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     float* oh = op + (r * nh + h * g) * hd;
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-      if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
+      if (b < last_block) prefetch_rows(kv.v + kv.block_row(r, h, b + 1) * hd, bs * hd);
       const float* values =
-          as_float(vp + (block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+          as_float(kv.v + (kv.block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
       block_values(scores.data() + (p - first), values, run, g, hd, n, oh);
       p += run;
     }
@@ -389,41 +411,19 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
                      int64_t window) {
   using bf16 = at::BFloat16;
   constexpr int64_t hd = 32 * C;
-  const int64_t d = q.size(0), nh = q.size(1);
-  const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
-  const int64_t nb_max = block_tables.size(1);
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const PagedKV<bf16> kv(k_cache, v_cache, block_tables, seq_lens, window);
+  const int64_t d = q.size(0), nh = q.size(1), nkv = kv.nkv, bs = kv.bs;
   auto out = at::empty({d, nh, hd}, q.options().dtype(at::kFloat));
   const bf16* qp = q.data_ptr<bf16>();
-  const bf16* kp = k_cache.data_ptr<bf16>();
-  const bf16* vp = v_cache.data_ptr<bf16>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-  auto key_range = [&](int64_t r) {
-    const int64_t len = lens[r];
-    return std::make_pair(window > 0 ? std::max<int64_t>(0, len - window) : 0, len);
-  };
-  auto block_row = [&](int64_t r, int64_t h, int64_t b) {
-    return (h * nblocks + tables[r * nb_max + b]) * bs;
-  };
-  auto prefetch_item = [&](int64_t item) {  // as in decode<T>
-    const int64_t r = item / nkv, h = item % nkv;
-    const auto [first, len] = key_range(r);
-    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(bf16)));
-    const int64_t stop = std::min((len - 1) / bs + 1, first / bs + budget);
-    for (int64_t b = first / bs; b < stop; ++b) {
-      prefetch_rows(kp + block_row(r, h, b) * hd, bs * hd);
-      prefetch_rows(vp + block_row(r, h, b) * hd, bs * hd);
-    }
-  };
   modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
     thread_local std::vector<float> scores;  // G rows, stride apart
     thread_local std::vector<bf16> probs;    // the same, exponentiated and rounded
-    if (opening) prefetch_item(item);
-    if (following < d * nkv) prefetch_item(following);
+    if (opening) kv.prefetch_item(item);
+    if (following < d * nkv) kv.prefetch_item(following);
     const int64_t r = item / nkv, h = item % nkv;
-    const auto [first, len] = key_range(r);
+    const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = (len - 1) / bs;
     const int64_t stride = (n + 2) & ~int64_t(1);  // even: room for a pair past the last key
     scores.resize(static_cast<size_t>(G * stride));
@@ -433,8 +433,8 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     for (int i = 0; i < G * C; ++i) qv[i] = (__m512bh)_mm512_loadu_si512(qh + i);
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-      if (b < last_block) prefetch_rows(kp + block_row(r, h, b + 1) * hd, bs * hd);
-      const bf16* keys = kp + (block_row(r, h, b) + p % bs) * hd;
+      if (b < last_block) prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
+      const bf16* keys = kv.k + (kv.block_row(r, h, b) + p % bs) * hd;
       for (int64_t o = 0; o < run; o += 16) {
         dp_scores<G, C>(qv, keys + o * hd, std::min<int64_t>(16, run - o), fscale,
                         scores.data() + (p - first) + o, stride);
@@ -451,9 +451,9 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     }
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-      if (b < last_block) prefetch_rows(vp + block_row(r, h, b + 1) * hd, bs * hd);
-      dp_values<G, C>(probs.data() + (p - first), stride, vp + (block_row(r, h, b) + p % bs) * hd,
-                      run, acc);
+      if (b < last_block) prefetch_rows(kv.v + kv.block_row(r, h, b + 1) * hd, bs * hd);
+      const bf16* values = kv.v + (kv.block_row(r, h, b) + p % bs) * hd;
+      dp_values<G, C>(probs.data() + (p - first), stride, values, run, acc);
       p += run;
     }
     float* oh = op + (r * nh + h * G) * hd;
