@@ -20,8 +20,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <pthread.h>
 #include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -62,21 +62,17 @@ class Team {
  public:
   using Task = std::function<void(int64_t, int64_t, bool)>;
 
-  // The process's team. A forked child gets a new one: the parent's helper thread (and the
-  // state of its lock) did not come along. Never destroyed: the helper outlives static teardown.
+  // The process's team. A forked child gets a new one (a fork handler replaces it): the parent's
+  // helper thread, and the state of its lock, did not come along. Never destroyed: the helper
+  // outlives static teardown.
   static Team& get() {
-    static std::atomic<Team*> team{nullptr};
-    static std::atomic<pid_t> owner{0};
-    const pid_t pid = getpid();
-    pid_t seen = owner.load(std::memory_order_acquire);
-    if (seen != pid) {
-      if (seen != -pid && owner.compare_exchange_strong(seen, -pid)) {
-        team.store(new Team(), std::memory_order_release);
-        owner.store(pid, std::memory_order_release);
-      }
-      while (owner.load(std::memory_order_acquire) != pid) cpu_relax();
-    }
-    return *team.load(std::memory_order_acquire);
+    static const bool ready = [] {
+      slot().store(new Team(), std::memory_order_release);
+      pthread_atfork(nullptr, nullptr, [] { slot().store(new Team(), std::memory_order_release); });
+      return true;
+    }();
+    (void)ready;
+    return *slot().load(std::memory_order_acquire);
   }
 
   // From now until end(), for_each_claimed shares its units with the spinning helper.
@@ -134,6 +130,11 @@ class Team {
 
  private:
   static constexpr int kIdle = 0, kPosted = 1, kRunning = 2;
+
+  static std::atomic<Team*>& slot() {
+    static std::atomic<Team*> team{nullptr};
+    return team;
+  }
 
   static void wait_a_little() {
     for (int i = 0; i < 32; ++i) cpu_relax();

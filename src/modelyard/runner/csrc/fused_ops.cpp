@@ -352,28 +352,13 @@ void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed
 // (HF: act_fn(gate_proj(x)) * up_proj(x), two bf16 ops); silu(g) = g / (1 + exp(-g))
 #if defined(__AVX512F__)
 // The 8-lane loop of silu_mul on 16 lanes: the same arithmetic, one AVX-512 register.
-inline modelyard::v16 load_bf16x16(const bf16* p) {
-  const __m512i wide = _mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
-  return reinterpret_cast<const modelyard::v16&>(wide);
-}
-
-inline __m512i round_bf16x16_bits(modelyard::v16 x) {  // as round_bf16_bits of vec.h
-  const __m512i bits = reinterpret_cast<const __m512i&>(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-}
-
 inline void silu_mul16(const bf16* gate, const bf16* up, bf16* y) {
   using modelyard::v16;
-  const v16 g = load_bf16x16(gate);
+  const v16 g = modelyard::load_bf16x16(gate);
   v16 act = g / (v16{} + 1.f + modelyard::exp16(-g));
   act = g < v16{} - 88.f ? g * 0.f : act;  // exp(-g) overflows: torch's -0
-  const __m512i rounded = round_bf16x16_bits(act);
-  const v16 product = reinterpret_cast<const v16&>(rounded) * load_bf16x16(up);
-  const __m512i out = _mm512_srli_epi32(round_bf16x16_bits(product), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(out));
+  const modelyard::u32x16 rounded = modelyard::round_bf16x16_bits(act);
+  modelyard::store_bf16x16(y, reinterpret_cast<const v16&>(rounded) * modelyard::load_bf16x16(up));
 }
 #endif
 

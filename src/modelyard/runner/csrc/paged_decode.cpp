@@ -311,16 +311,15 @@ inline float exp_probs(const float* s, int64_t n, at::BFloat16* pb) {
     m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, head_mask(n - i), s + i));
   }
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(m));
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = head_mask(n - i);
     const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), top));
     sum = _mm512_mask_add_ps(sum, lanes, sum, e);
-    const __m512i bits = _mm512_castps_si512(e);  // rounded to nearest even, as round_bf16
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, half));
-    _mm256_mask_storeu_epi16(pb + i, lanes, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+    const modelyard::v16 ev = reinterpret_cast<const modelyard::v16&>(e);  // rounded as SDPA's P
+    const modelyard::u32x16 rounded = modelyard::round_bf16x16_bits(ev) >> 16;
+    _mm256_mask_storeu_epi16(pb + i, lanes,
+                             _mm512_cvtepi32_epi16(reinterpret_cast<const __m512i&>(rounded)));
   }
   return 1.f / _mm512_reduce_add_ps(sum);
 }

@@ -2,7 +2,7 @@
 // one AVX register where the host has AVX, otherwise whatever the compiler makes of it).
 #pragma once
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -85,8 +85,26 @@ inline v8 exp8(v8 x) { return exp_lanes<v8, i8>(x); }
 // 16 floats: one AVX-512 register
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int i16 __attribute__((vector_size(64), aligned(4)));
+typedef unsigned u32x16 __attribute__((vector_size(64), aligned(4)));
+typedef unsigned short u16x16 __attribute__((vector_size(32), aligned(2)));
 
 inline v16 exp16(v16 x) { return exp_lanes<v16, i16>(x); }
+
+// load_bf16, round_bf16_bits and store_bf16 on 16 lanes
+inline v16 load_bf16x16(const void* p) {
+  const __m512i wide = _mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+  return reinterpret_cast<const v16&>(wide);
+}
+
+inline u32x16 round_bf16x16_bits(v16 x) {
+  const u32x16 bits = reinterpret_cast<const u32x16&>(x);
+  return (bits + (((bits >> 16) & 1u) + 0x7FFFu)) & 0xFFFF0000u;
+}
+
+inline void store_bf16x16(void* p, v16 x) {
+  *reinterpret_cast<u16x16*>(p) = __builtin_convertvector(round_bf16x16_bits(x) >> 16, u16x16);
+}
 #endif
 
 }  // namespace modelyard
