@@ -248,7 +248,7 @@ def _decode_attention(
     if native_decode_ready(qd.dtype, hd):
         tables = meta.decode_block_ids.view(d, -1)
         return kernels.paged_decode_attention(
-            qd.contiguous(),
+            qd,  # a view of the qkv rows: the kernel takes any row stride
             k_cache,
             v_cache,
             tables,

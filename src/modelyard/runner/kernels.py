@@ -118,8 +118,9 @@ def paged_decode_attention(
     scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    """q (D, nh, hd) float32 or bfloat16; caches (nkv, NB, bs, hd) of q's dtype; block_tables
-    (D, nb_max) long; seq_lens (D,) long keys per request -> (D, nh, hd) of q's dtype. Call only
+    """q (D, nh, hd) float32 or bfloat16 (heads contiguous, rows any stride apart: a view of the
+    fused qkv rows will do); caches (nkv, NB, bs, hd) of q's dtype; block_tables (D, nb_max)
+    long; seq_lens (D,) long keys per request -> (D, nh, hd) of q's dtype, contiguous. Call only
     after `load()` is True."""
     out: torch.Tensor = torch.ops.modelyard_kernels.paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0
@@ -185,8 +186,8 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """torch.argmax(x, dim=-1) for x (R, V) float32 contiguous: the first maximum (NaN counts as
-    the maximum), ~6x faster than torch's CPU argmax over (32, 49152) logits."""
+    """torch.argmax(x, dim=-1) for x (R, V) float32 or bfloat16 contiguous: the first maximum
+    (NaN counts as the maximum), ~6x faster than torch's CPU argmax over (32, 49152) logits."""
     out: torch.Tensor = torch.ops.modelyard_kernels.argmax_rows(x)
     return out
 

@@ -48,16 +48,16 @@ class Sampler:
         self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: (B, V), row i for requests[i]. Returns (token ids, logprobs or None) per row."""
-        logits = logits.float()
+        if all(_is_plain_greedy(r) for r in requests):
+            # in the model's dtype: widening bf16 to float32 is exact, so the argmax is the same
+            # (and a (32, 49152) float32 copy per decode step is saved)
+            return _argmax(logits).tolist(), [None] * len(requests)
+        logits = logits.to(torch.float32, copy=True)  # modified in place below
         params = [r.sampling_params for r in requests]
         raw_logprobs = _raw_logprobs(logits, params)
-        if all(_is_plain_greedy(r) for r in requests):
-            tokens = _argmax(logits).tolist()
-        else:
-            logits = logits.clone()
-            self._apply_min_tokens(logits, requests)
-            _apply_penalties(logits, requests)
-            tokens = self._choose(logits, requests)
+        self._apply_min_tokens(logits, requests)
+        _apply_penalties(logits, requests)
+        tokens = self._choose(logits, requests)
         return tokens, _collect_logprobs(raw_logprobs, params, tokens)
 
     def _apply_min_tokens(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> None:
@@ -97,8 +97,8 @@ class Sampler:
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """(B, V) float32 -> (B,) argmax: the compiled kernel when built (same result as torch's,
-    the first maximum, ~6x faster at (32, 49152)), else torch."""
+    """(B, V) float32 or bfloat16 -> (B,) argmax: the compiled kernel when built (same result as
+    torch's, the first maximum, ~6x faster at (32, 49152)), else torch."""
     if kernels.load() and logits.is_contiguous() and logits.numel():
         return kernels.argmax_rows(logits)
     return logits.argmax(dim=-1)

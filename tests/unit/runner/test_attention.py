@@ -236,3 +236,36 @@ def test_native_bfloat16_decode_at_model_shapes(
             q[r].double().unsqueeze(1), k.double(), v.double(), scale=scale, enable_gqa=True
         ).squeeze(1)
         torch.testing.assert_close(out[r].double(), ref, atol=4e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_decode_reads_query_rows_in_place_and_keeps_nan(dtype: torch.dtype) -> None:
+    """q may be a view of wider rows (the fused qkv output): the same bits as its contiguous
+    copy. A NaN in one query head gives NaN (bf16: 0x7FC0, as torch rounds NaN) in that head's
+    output only."""
+    assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+    torch.manual_seed(6)
+    nkv, group, hd, bs, lens = 3, 3, 64, 16, [5, 40, 190]
+    nb = (max(lens) + bs - 1) // bs
+    tables = torch.arange(1, 1 + len(lens) * nb).view(len(lens), nb)
+    k_cache = torch.randn(nkv, len(lens) * nb + 1, bs, hd).to(dtype)
+    v_cache = torch.randn(nkv, len(lens) * nb + 1, bs, hd).to(dtype)
+    rows = torch.randn(len(lens), (nkv * group + 2 * nkv) * hd).to(dtype)  # [q | k | v]
+    rows[1, 5] = float("nan")  # request 1, query head 0
+    q = rows[:, : nkv * group * hd].view(len(lens), nkv * group, hd)
+    assert not q.is_contiguous()
+    seq_lens = torch.tensor(lens)
+    strided = kernels.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125, None)
+    packed = kernels.paged_decode_attention(
+        q.contiguous(), k_cache, v_cache, tables, seq_lens, 0.125, None
+    )
+    assert strided.is_contiguous()
+    assert strided.dtype == dtype
+    assert torch.equal(strided[[0, 2]], packed[[0, 2]])
+    assert torch.equal(strided[1, 1:], packed[1, 1:])
+    assert strided[1, 0].isnan().all()
+    assert packed[1, 0].isnan().all()
+    assert not strided[[0, 2]].isnan().any()
+    assert not strided[1, 1:].isnan().any()
+    if dtype == torch.bfloat16:
+        assert (strided[1, 0].view(torch.int16) == 0x7FC0).all()

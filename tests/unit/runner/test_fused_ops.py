@@ -178,10 +178,11 @@ def test_fused_forward_matches_the_torch_forward(
             torch.testing.assert_close(fused_logits, torch_logits, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [1, 7, 8, 49152, 49157])  # vector body and scalar tail
-def test_argmax_rows_matches_torch_with_ties_nan_and_inf(width: int) -> None:
+def test_argmax_rows_matches_torch_with_ties_nan_and_inf(width: int, dtype: torch.dtype) -> None:
     torch.manual_seed(3)
-    x = torch.randn(6, width)
+    x = torch.randn(6, width).to(dtype)  # bf16: many equal values, so ties in every row
     x[1] = 0.5  # all equal: the first index
     x[2, -1] = float("inf")  # the maximum in the tail
     x[3] = float("-inf")  # nothing finite

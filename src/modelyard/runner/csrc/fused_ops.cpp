@@ -396,12 +396,17 @@ at::Tensor silu_mul(const at::Tensor& x) {
   return out;
 }
 
-int64_t argmax_row(const float* x, int64_t n) {
+inline v8 load8(const float* x) { return *reinterpret_cast<const v8*>(x); }
+inline v8 load8(const bf16* x) { return modelyard::load_bf16(x); }
+
+// T is float or bf16 (widened exactly, so the bf16 logits' argmax is that of their float copy)
+template <typename T>
+int64_t argmax_row(const T* x, int64_t n) {
   v8 best = splat(-std::numeric_limits<float>::infinity());
   modelyard::i8 nan_lanes = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const v8 v = *reinterpret_cast<const v8*>(x + i);
+    const v8 v = load8(x + i);
     best = v > best ? v : best;
     nan_lanes |= v != v;
   }
@@ -409,30 +414,38 @@ int64_t argmax_row(const float* x, int64_t n) {
   for (int j = 1; j < 8; ++j) m = std::max(m, best[j]);
   bool nan = modelyard::any(nan_lanes);
   for (; i < n; ++i) {
-    m = std::max(m, x[i]);
-    nan |= std::isnan(x[i]);
+    const float v = static_cast<float>(x[i]);
+    m = std::max(m, v);
+    nan |= std::isnan(v);
   }
   int64_t j = 0;
   if (!nan) {  // skip whole vectors without the maximum
-    for (; j + 8 <= n && !modelyard::any(*reinterpret_cast<const v8*>(x + j) == splat(m)); j += 8) {
+    for (; j + 8 <= n && !modelyard::any(load8(x + j) == splat(m)); j += 8) {
     }
   }
   for (; j < n; ++j) {
-    if (nan ? std::isnan(x[j]) : x[j] == m) return j;
+    const float v = static_cast<float>(x[j]);
+    if (nan ? std::isnan(v) : v == m) return j;
   }
   return 0;  // not reached: some element equals the maximum
 }
 
 at::Tensor argmax_rows(const at::Tensor& x) {
-  check_float_rows(x, "argmax_rows");
+  check_rows(x, {}, "argmax_rows");
   const int64_t rows = x.size(0), n = x.size(1);
   TORCH_CHECK(n > 0, "argmax_rows: empty rows");
   auto out = at::empty({rows}, x.options().dtype(at::kLong));
-  const float* xp = x.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(xp + r * n, n);
-  });
+  auto run = [&](const auto* xp) {
+    at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(xp + r * n, n);
+    });
+  };
+  if (x.scalar_type() == at::kFloat) {
+    run(x.data_ptr<float>());
+  } else {
+    run(x.data_ptr<bf16>());
+  }
   return out;
 }
 

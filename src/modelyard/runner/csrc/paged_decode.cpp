@@ -232,9 +232,9 @@ struct PagedKV {
   }
 };
 
-// q (D, nh, hd) float32; caches (nkv, NB, bs, hd) of T; block_tables (D, nb_max) int64;
-// seq_lens (D,) int64 (keys per request, the query being the last); window 0 = none.
-// Returns (D, nh, hd) float32.
+// q (D, nh, hd) float32, rows q.stride(0) apart; caches (nkv, NB, bs, hd) of T; block_tables
+// (D, nb_max) int64; seq_lens (D,) int64 (keys per request, the query being the last); window
+// 0 = none. Returns (D, nh, hd) float32, contiguous.
 template <typename T>
 at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
@@ -242,8 +242,9 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   const PagedKV<T> kv(k_cache, v_cache, block_tables, seq_lens, window);
   const int64_t d = q.size(0), nh = q.size(1), hd = kv.hd, nkv = kv.nkv, bs = kv.bs;
   const int64_t g = nh / nkv;
-  auto out = at::zeros_like(q);
+  auto out = at::zeros({d, nh, hd}, q.options());
   const float* qp = q.data_ptr<float>();
+  const int64_t q_row = q.stride(0);
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
 
@@ -258,7 +259,7 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = (len - 1) / bs;
     scores.resize(static_cast<size_t>(g * n));
-    const float* qh = qp + (r * nh + h * g) * hd;  // the g query rows of this KV head
+    const float* qh = qp + r * q_row + h * g * hd;  // the g query rows of this KV head
     // keys come in runs that stay inside one block: contiguous rows
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
@@ -393,17 +394,28 @@ inline void dp_values(const at::BFloat16* p, int64_t stride, const at::BFloat16*
   }
 }
 
-// 32 output columns from unpack-ordered accumulators lo, hi, times f
-inline void unscramble(__m512 lo, __m512 hi, float f, float* out) {
+// 16 floats -> bf16 at p as c10::BFloat16 rounds them (nearest even; NaN -> quiet NaN 0x7FC0)
+inline void store_bf16_exact(at::BFloat16* p, __m512 x) {
+  const modelyard::v16 v = reinterpret_cast<const modelyard::v16&>(x);
+  const auto number = (modelyard::u32x16)(v == v);  // all ones unless NaN
+  const modelyard::u32x16 bits =
+      ((modelyard::round_bf16x16_bits(v) >> 16) & number) | (0x7FC0u & ~number);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtepi32_epi16(reinterpret_cast<const __m512i&>(bits)));
+}
+
+// 32 output columns from unpack-ordered accumulators lo, hi, times f, rounded to bf16
+inline void unscramble(__m512 lo, __m512 hi, float f, at::BFloat16* out) {
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   const __m512 scale = _mm512_set1_ps(f);
-  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale));
-  _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale));
+  store_bf16_exact(out, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale));
+  store_bf16_exact(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale));
 }
 
-// decode<bf16> for G query heads per KV head and head size 32 C; q (D, nh, hd) bf16 -> float32
+// decode<bf16> for G query heads per KV head and head size 32 C; q (D, nh, hd) bf16 (rows
+// q_row apart) -> (D, nh, hd) bf16, contiguous
 template <int G, int C>
 at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
@@ -412,9 +424,10 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   constexpr int64_t hd = 32 * C;
   const PagedKV<bf16> kv(k_cache, v_cache, block_tables, seq_lens, window);
   const int64_t d = q.size(0), nh = q.size(1), nkv = kv.nkv, bs = kv.bs;
-  auto out = at::empty({d, nh, hd}, q.options().dtype(at::kFloat));
+  auto out = at::empty({d, nh, hd}, q.options());
   const bf16* qp = q.data_ptr<bf16>();
-  float* op = out.data_ptr<float>();
+  const int64_t q_row = q.stride(0);
+  bf16* op = out.data_ptr<bf16>();
   const float fscale = static_cast<float>(scale);
   modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
     thread_local std::vector<float> scores;  // G rows, stride apart
@@ -428,7 +441,7 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     scores.resize(static_cast<size_t>(G * stride));
     probs.resize(static_cast<size_t>(G * stride));
     __m512bh qv[G * C];
-    const auto* qh = reinterpret_cast<const __m512i*>(qp + (r * nh + h * G) * hd);
+    const auto* qh = reinterpret_cast<const __m512i*>(qp + r * q_row + h * G * hd);
     for (int i = 0; i < G * C; ++i) qv[i] = (__m512bh)_mm512_loadu_si512(qh + i);
     for (int64_t p = first; p < len;) {
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
@@ -455,7 +468,7 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       dp_values<G, C>(probs.data() + (p - first), stride, values, run, acc);
       p += run;
     }
-    float* oh = op + (r * nh + h * G) * hd;
+    bf16* oh = op + (r * nh + h * G) * hd;
     for (int j = 0; j < G; ++j) {
       for (int c = 0; c < C; ++c) {
         unscramble(acc[j][c][0], acc[j][c][1], inv[j], oh + j * hd + 32 * c);
@@ -496,9 +509,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && q.scalar_type() == type &&
                   v_cache.scalar_type() == type,
               "paged_decode_attention: float32 or bfloat16 q and caches, all of one dtype");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   block_tables.is_contiguous() && seq_lens.is_contiguous(),
-              "paged_decode_attention: contiguous tensors only");
+              "paged_decode_attention: contiguous tensors only (q: contiguous heads, any row "
+              "stride)");
   const int64_t d = q.size(0), nh = q.size(1), hd = q.size(2);
   const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
   const int64_t nb_max = block_tables.size(1);
@@ -518,7 +533,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   }
 #if defined(MODELYARD_DP_ATTENTION)
   auto dp = try_decode_dp(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
-  if (dp.defined()) return dp.to(at::kBFloat16);
+  if (dp.defined()) return dp;
 #endif
   // bf16 elsewhere: float32 queries (exact), the float32 result rounded to bf16 once at the end
   return decode<at::BFloat16>(q.to(at::kFloat), k_cache, v_cache, block_tables, seq_lens, scale,
