@@ -269,3 +269,36 @@ def test_native_decode_reads_query_rows_in_place_and_keeps_nan(dtype: torch.dtyp
     assert not strided[1, 1:].isnan().any()
     if dtype == torch.bfloat16:
         assert (strided[1, 0].view(torch.int16) == 0x7FC0).all()
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_kernel_attends_prefill_rows_as_sdpa_does_in_bfloat16(
+    window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bf16 step with decodes, a fresh prefill chunk and a chunk continuing a cached prefix:
+    the kernel attends every row in one call; each row agrees with SDPA's per-chunk attention
+    (the torch path) to a bf16 rounding, and with MODELYARD_PREFILL_SDPA's switch the prefill
+    rows are SDPA's own bits."""
+    assert attention.native_decode_ready(torch.bfloat16, HD)
+    torch.manual_seed(7)
+    starts, lengths = [9, 0, 5, 12], [1, 13, 1, 8]
+    tables = [[3, 1, 8], [2, 5, 9, 11], [4, 6], [7, 10, 12, 13, 14]]
+    k_cache, v_cache = (c.bfloat16() for c in _cache(15))
+    for table, s in zip(tables, starts, strict=True):
+        history = (torch.randn(s, NKV, HD).bfloat16(), torch.randn(s, NKV, HD).bfloat16())
+        _write_history((k_cache, v_cache), table, *history)
+    q = torch.randn(sum(lengths), NH, HD).bfloat16()
+    new_k = torch.randn(sum(lengths), NKV, HD).bfloat16()
+    new_v = torch.randn(sum(lengths), NKV, HD).bfloat16()
+    meta = AttentionMetadata.build(starts, lengths, tables, BS, window)
+    store_kv(new_k, new_v, k_cache, v_cache, meta)
+    native = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    monkeypatch.setattr(attention, "_PREFILL_SDPA", True)
+    sdpa_prefills = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    monkeypatch.setattr(attention, "native_decode_ready", lambda dtype, head_dim: False)
+    torch_path = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    torch.testing.assert_close(native.float(), torch_path.float(), atol=2**-8, rtol=2**-7)
+    assert (native == torch_path).float().mean() > 0.9
+    prefill_rows = torch.cat([torch.arange(1, 14), torch.arange(15, 23)])
+    assert torch.equal(sdpa_prefills[prefill_rows], torch_path[prefill_rows])
+    assert torch.equal(sdpa_prefills[[0, 14]], native[[0, 14]])  # the decodes: the kernel's
