@@ -241,6 +241,21 @@ def packed_linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.T
     return out
 
 
+def pack_swiglu_bf16(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate and up weights (I, K) bfloat16, K even -> `pack_bf16` panels alternating
+    16 gate rows and the same 16 up rows, for `packed_swiglu_bf16`."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.pack_swiglu_bf16(gate, up)
+    return out
+
+
+def packed_swiglu_bf16(x: torch.Tensor, packed: torch.Tensor, width: int) -> torch.Tensor:
+    """x (M, K) bfloat16 contiguous, `pack_swiglu_bf16` panels, I -> (M, I) bf16
+    silu(x Wg^T) * (x Wu^T) with the bits of F.linear, F.silu and the product (each rounds to
+    bf16), made tile by tile: the (M, 2I) projections are never written out."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_swiglu_bf16(x, packed, width)
+    return out
+
+
 def pack_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SwiGLU's gate and up weights (I, K) float32 -> panels for `packed_swiglu`, 16 gate rows
     and the same 16 up rows in turn (zero-padded)."""

@@ -117,22 +117,30 @@ class Linear:
 class SwiGLU:
     """x -> silu(x Wg^T) * (x Wu^T) for Wg, Wu (I, K): a Llama MLP's input side."""
 
-    __slots__ = ("_both", "_fused_act", "_packed", "width")
+    __slots__ = ("_bf16", "_both", "_fused_act", "_packed", "width")
 
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, *, pack: bool) -> None:
         self.width = int(gate.shape[0])
         self._packed: torch.Tensor | None = None
+        self._bf16: torch.Tensor | None = None
         self._both: Linear | None = None
         # bf16 with the kernels built: the activation in one pass (torch's two roundings)
         self._fused_act = gate.dtype == torch.bfloat16 and kernels.load()
+        k = int(gate.shape[1])
         if pack and gate.dtype == torch.float32:
             self._packed = kernels.pack_swiglu(gate, up)
+        elif pack and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_supported():
+            # bf16 on the runner's GEMM (oneDNN's summation order up to this K, at any row
+            # count: tested) with the activation applied to its tiles
+            self._bf16 = kernels.pack_swiglu_bf16(gate, up)
         else:  # one matmul for both (bf16: packed by oneDNN when `pack`)
             self._both = Linear(torch.cat([gate, up]).contiguous(), None, pack=pack)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
             return kernels.packed_swiglu(x.contiguous(), self._packed, self.width)
+        if self._bf16 is not None:
+            return kernels.packed_swiglu_bf16(x.contiguous(), self._bf16, self.width)
         if self._both is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("SwiGLU has no weight")
         both = self._both(x)

@@ -102,6 +102,31 @@ def test_bfloat16_decode_gemm_gives_f_linears_bits_on_single_rows(in_features: i
         torch.testing.assert_close(out, F.linear(x, weight), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    ("width", "in_features"), [(1536, 576), (40, 64), (1000, 1536), (37, 2048), (256, 3072)]
+)
+def test_bfloat16_fused_swiglu_gives_torchs_bits(width: int, in_features: int) -> None:
+    """SwiGLU on the runner's bf16 GEMM, the activation applied to its tiles: the bits of
+    F.silu(F.linear(x, gate)) * F.linear(x, up) (each of the three rounds to bf16) at decode
+    and prefill row counts (oneDNN's summation order holds at every row count up to K = 3072),
+    ragged widths, and gates deep in silu's tails. One known difference, shared with
+    `kernels.silu_mul`: a gate in (-88.72, -88) gives 0 where torch gives ~1e-37 (its exp(-g)
+    is still finite there); the product with up then differs by less than 1e-30."""
+    from modelyard.runner import kernels
+
+    if not kernels.bf16_gemm_supported():
+        pytest.skip("kernels built without AVX-512 BF16 on this host")
+    torch.manual_seed(width)
+    gate = (torch.randn(width, in_features) * 0.3).bfloat16()
+    up = torch.randn(width, in_features).bfloat16()
+    layer = SwiGLU(gate, up, pack=True)
+    assert layer._bf16 is not None  # the fused path, not oneDNN + silu_mul
+    for rows in (1, 2, 7, 8, 9, 32, 64, 65, 200, 2048):
+        x = (torch.randn(rows, in_features) * 2).bfloat16()
+        expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-30)
+
+
 def test_bfloat16_packing_follows_the_host() -> None:
     """Packed exactly where oneDNN runs bf16 natively (AVX-512 BF16 / AMX)."""
     from modelyard.runner import kernels

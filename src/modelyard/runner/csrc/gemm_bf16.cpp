@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "claim.h"
+#include "vec.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -53,15 +54,47 @@ at::Tensor pack_bf16(const at::Tensor& w) {
   return padded.view({panels, kCols, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+// SwiGLU's gate and up (I, K) -> pack_bf16 panels alternating 16 gate rows and the same 16 up
+// rows (zero-padded), so one unit of two panels makes 16 columns of silu(gate) * up
+at::Tensor pack_swiglu_bf16(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.dim() == 2 &&
+                  up.scalar_type() == gate.scalar_type(),
+              "pack_swiglu_bf16: gate and up of one shape (I, K) and dtype");
+  const int64_t width = gate.size(0), k = gate.size(1), units = (width + kCols - 1) / kCols;
+  const auto padded = [&](const at::Tensor& w) {  // (units, 1, 16, K)
+    auto out = at::zeros({units * kCols, k}, w.options());
+    out.narrow(0, 0, width).copy_(w);
+    return out.view({units, 1, kCols, k});
+  };
+  return pack_bf16(at::cat({padded(gate), padded(up)}, 1).view({units * 2 * kCols, k}));
+}
+
 #if defined(MODELYARD_BF16_GEMM)
 // pairs of k per block summed from zero in oneDNN's order for x (m, k): 512 k, or 1024 where
 // K > 1024 and there is more than one row
 int64_t block_pairs(int64_t m, int64_t k) { return k <= 1024 || m == 1 ? 256 : 512; }
 
-// rows x (MR, K) times panels a (and b when TWO) into y (MR rows, 16 or 32 columns, ldy);
-// x rows as 32-bit pairs (ldx pairs apart); pf: lines of the next panels to prefetch, one per
-// `every` pairs
-template <int MR, bool TWO>
+// a float32 sum rounded to bf16 as the GEMM stores it (vcvtneps2bf16), and back to float32
+inline modelyard::v16 as_stored(__m512 sum) {
+  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(sum)), 16);
+  return reinterpret_cast<const modelyard::v16&>(wide);
+}
+
+// cols (<= 16) columns of silu(gate) * up at y from the gate and up sums of one row, each
+// rounded first as F.linear stores it, then as HF's silu and product round theirs
+inline void swiglu_out(__m512 gate, __m512 up, at::BFloat16* y, int64_t cols) {
+  const modelyard::v16 out = modelyard::silu_times(as_stored(gate), as_stored(up));
+  if (cols == kCols) return modelyard::store_bf16x16(y, out);
+  alignas(32) at::BFloat16 row[kCols];
+  modelyard::store_bf16x16(row, out);
+  std::memcpy(y, row, cols * sizeof(at::BFloat16));
+}
+
+// rows x (MR, K) times panels a (and b when TWO) into y (MR rows, 16 or 32 columns, ldy; with
+// SWIGLU, a and b are a gate and an up panel and y gets 16 columns of silu(gate) * up); x rows
+// as 32-bit pairs (ldx pairs apart); pf: lines of the next panels to prefetch, one per `every`
+// pairs
+template <int MR, bool TWO, bool SWIGLU = false>
 void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b, int64_t pairs,
            at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf, int64_t every,
            int64_t block) {
@@ -90,6 +123,10 @@ void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
       }
     }
   }
+  if constexpr (SWIGLU) {
+    for (int i = 0; i < MR; ++i) swiglu_out(total[i][0], total[i][1], y + i * ldy, ncols);
+    return;
+  }
   for (int i = 0; i < MR; ++i) {
     for (int h = 0; h < (TWO ? 2 : 1); ++h) {
       const int64_t cols = std::min<int64_t>(kCols, ncols - h * kCols);
@@ -106,37 +143,31 @@ void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
   }
 }
 
-template <int MR, bool TWO>
+template <int MR, bool TWO, bool SWIGLU>
 void micro_rows(int rows, const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
                 int64_t pairs, at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf,
                 int64_t every, int64_t block) {
-  if (rows == MR) return micro<MR, TWO>(x, ldx, a, b, pairs, y, ldy, ncols, pf, every, block);
+  if (rows == MR) {
+    return micro<MR, TWO, SWIGLU>(x, ldx, a, b, pairs, y, ldy, ncols, pf, every, block);
+  }
   if constexpr (MR > 1) {
-    micro_rows<MR - 1, TWO>(rows, x, ldx, a, b, pairs, y, ldy, ncols, pf, every, block);
+    micro_rows<MR - 1, TWO, SWIGLU>(rows, x, ldx, a, b, pairs, y, ldy, ncols, pf, every, block);
   }
 }
-#endif
 
-// x (M, K) bf16 contiguous, packed from pack_bf16, n = N -> (M, N) bf16
-at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
-  TORCH_CHECK(bf16_gemm_supported(), "packed_linear_bf16: built without AVX-512 BF16");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
-              "packed_linear_bf16: contiguous bfloat16 (M, K) input");
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 &&
-                  packed.is_contiguous() && packed.size(2) == kCols && packed.size(3) == 2,
-              "packed_linear_bf16: weight not from pack_bf16");
+// y (M, out_cols) from x (M, K) and panels: units of two panels, claimed by the threads in turn;
+// each makes 32 columns of x W^T, or with SWIGLU 16 columns of silu(gate) * up
+template <bool SWIGLU>
+void gemm(const at::Tensor& x, const at::Tensor& packed, at::Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), pairs = packed.size(1);
-  TORCH_CHECK(k == 2 * pairs && n > (panels - 1) * kCols && n <= panels * kCols,
-              "packed_linear_bf16: shapes do not match");
-  auto y = at::empty({m, n}, x.options());
-#if defined(MODELYARD_BF16_GEMM)
-  if (m == 0) return y;
+  const int64_t n = y.size(1);
   const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());
   const auto* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<at::BFloat16>());
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   const int64_t units = (panels + 1) / 2;  // pairs of panels
   const int64_t calls = (m + kRows - 1) / kRows;
   const int64_t block = block_pairs(m, k);
+  const int64_t unit_cols = SWIGLU ? kCols : 2 * kCols;
   modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
     const int64_t p = 2 * unit;
     const bool two = p + 1 < panels;
@@ -148,20 +179,59 @@ at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int
                            : nullptr;
     const int64_t lines = 2 * pairs, per_call = (lines + calls - 1) / calls;
     const int64_t every = std::max<int64_t>(1, pairs / std::max<int64_t>(1, per_call));
-    const int64_t ncols = std::min<int64_t>(2 * kCols, n - p * kCols);
+    const int64_t ncols = std::min<int64_t>(unit_cols, n - unit * unit_cols);
     for (int64_t c = 0, i = 0; i < m; ++c, i += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
       const char* pf = next != nullptr ? next + c * per_call * 64 : nullptr;
       if (pf != nullptr && c * per_call >= lines) pf = nullptr;
       const uint32_t* xi = xp + i * pairs;
-      at::BFloat16* yi = yp + i * n + p * kCols;
+      at::BFloat16* yi = yp + i * n + unit * unit_cols;
       if (two) {
-        micro_rows<kRows, true>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every, block);
-      } else {
-        micro_rows<kRows, false>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every, block);
+        micro_rows<kRows, true, SWIGLU>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every,
+                                        block);
+      } else if constexpr (!SWIGLU) {  // pack_swiglu_bf16 makes whole units
+        micro_rows<kRows, false, false>(rows, xi, pairs, a, b, pairs, yi, n, ncols, pf, every,
+                                        block);
       }
     }
   });
+}
+#endif
+
+void check_packed(const at::Tensor& x, const at::Tensor& packed, const char* name) {
+  TORCH_CHECK(bf16_gemm_supported(), name, ": built without AVX-512 BF16");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(), name,
+              ": contiguous bfloat16 (M, K) input");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 &&
+                  packed.is_contiguous() && packed.size(2) == kCols && packed.size(3) == 2 &&
+                  x.size(1) == 2 * packed.size(1),
+              name, ": weight not packed for this input");
+}
+
+// x (M, K) bf16 contiguous, packed from pack_bf16, n = N -> (M, N) bf16
+at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  check_packed(x, packed, "packed_linear_bf16");
+  const int64_t panels = packed.size(0);
+  TORCH_CHECK(n > (panels - 1) * kCols && n <= panels * kCols,
+              "packed_linear_bf16: shapes do not match");
+  auto y = at::empty({x.size(0), n}, x.options());
+#if defined(MODELYARD_BF16_GEMM)
+  if (x.size(0) > 0) gemm<false>(x, packed, y);
+#endif
+  return y;
+}
+
+// x (M, K) bf16 contiguous, packed from pack_swiglu_bf16, width = I -> (M, I) bf16
+// silu(x Wg^T) * (x Wu^T) with the bits of those torch ops (each linear's, silu's and the
+// product's rounding), the (M, 2I) projections never written out
+at::Tensor packed_swiglu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t width) {
+  check_packed(x, packed, "packed_swiglu_bf16");
+  const int64_t units = packed.size(0) / 2;
+  TORCH_CHECK(packed.size(0) % 2 == 0 && width > (units - 1) * kCols && width <= units * kCols,
+              "packed_swiglu_bf16: shapes do not match");
+  auto y = at::empty({x.size(0), width}, x.options());
+#if defined(MODELYARD_BF16_GEMM)
+  if (x.size(0) > 0) gemm<true>(x, packed, y);
 #endif
   return y;
 }
@@ -205,7 +275,11 @@ TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
   m.def("claim_probe(int units, int fail, int unit_us) -> Tensor", &claim_probe);
   m.def("bf16_gemm_supported() -> bool", &bf16_gemm_supported);
   m.def("pack_bf16(Tensor w) -> Tensor");
+  m.def("pack_swiglu_bf16(Tensor gate, Tensor up) -> Tensor");
   m.def("packed_linear_bf16(Tensor x, Tensor packed, int n) -> Tensor");
+  m.def("packed_swiglu_bf16(Tensor x, Tensor packed, int width) -> Tensor");
   m.impl("pack_bf16", c10::DispatchKey::CPU, &pack_bf16);
+  m.impl("pack_swiglu_bf16", c10::DispatchKey::CPU, &pack_swiglu_bf16);
   m.impl("packed_linear_bf16", c10::DispatchKey::CPU, &packed_linear_bf16);
+  m.impl("packed_swiglu_bf16", c10::DispatchKey::CPU, &packed_swiglu_bf16);
 }

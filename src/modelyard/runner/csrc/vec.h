@@ -105,6 +105,16 @@ inline u32x16 round_bf16x16_bits(v16 x) {
 inline void store_bf16x16(void* p, v16 x) {
   *reinterpret_cast<u16x16*>(p) = __builtin_convertvector(round_bf16x16_bits(x) >> 16, u16x16);
 }
+
+// SwiGLU's activation as HF's two bf16 ops give it, on 16 lanes: silu(g) = g / (1 + exp(-g))
+// rounded to bf16, times u; g and u are bf16 values (as floats); returns the product before
+// its own rounding to bf16
+inline v16 silu_times(v16 g, v16 u) {
+  v16 act = g / (v16{} + 1.f + exp16(-g));
+  act = g < v16{} - 88.f ? g * 0.f : act;  // exp(-g) overflows: torch's -0
+  const u32x16 rounded = round_bf16x16_bits(act);
+  return reinterpret_cast<const v16&>(rounded) * u;
+}
 #endif
 
 }  // namespace modelyard
