@@ -128,10 +128,15 @@ inline void block_values(const float* p, const float* v, int64_t n, int64_t g, i
 
 constexpr int64_t kPrefetchBytes = 128 * 1024;  // K+V of one item prefetched ahead, at most
 
+// 64-byte lines into L2 (prefetcht1), not L1: the next item's 48 KiB of K/V would evict the
+// current one's from a 48 KiB L1, and L2 prefetches keep more misses in flight. Against L1
+// prefetches, on the default model's decode step (30 layers x 32 requests x 191 keys, K/V
+// from memory): bf16 -11 % with blocks laid out as the engine's (-20 % scattered, +-2 % in
+// order), float32 -29 % (-38 %, -20 %).
 template <typename T>
 inline void prefetch_rows(const T* x, int64_t count) {
   constexpr int64_t kLine = 64 / sizeof(T);
-  for (int64_t i = 0; i < count; i += kLine) __builtin_prefetch(x + i, 0, 3);  // 64-byte lines
+  for (int64_t i = 0; i < count; i += kLine) __builtin_prefetch(x + i, 0, 2);
 }
 
 // Each of the g rows of s (n wide) -> exp(s - max); returns 1 / sum of a row in inv[j]
