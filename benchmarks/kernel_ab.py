@@ -1,0 +1,217 @@
+"""The runner's kernels at two revisions, side by side in one process.
+
+This host's speed drifts by 10-30 % from minute to minute, more than most kernel changes are
+worth, so runs of two builds one after another cannot tell them apart. This script builds the
+C++ kernels (`src/modelyard/runner/csrc`) of two git revisions, or of a revision and the working
+tree, each under its own op and C++ namespace so both load into one process. It then times
+them in alternation, each round running every case on both builds.
+
+The cases are the default model's decode-step work, with K/V and weights read from memory as
+in the engine:
+- **Decode attention**: 30 layers × 32 requests × 191 keys, float32 and bfloat16, with blocks
+  laid out in order, scattered at random, or as the engine lays them. A request's prompt
+  blocks are consecutive, and its later blocks are interleaved with the other requests' blocks.
+- **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32 rows: the fused q/k/v, o, the down
+  projection over 30 layers' weights, and the lm_head.
+
+It reports medians and quartiles per case and build. Each result is also compared bit for bit
+with the base build's. Both builds run on ATen's threads: the decode step's helper thread is
+per library, so using it for one build alone would be unfair.
+
+    .venv/bin/python benchmarks/kernel_ab.py --base HEAD~1            # HEAD~1 vs working tree
+    .venv/bin/python benchmarks/kernel_ab.py --base a908cda~1 --head a908cda --rounds 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import machine_info, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+CSRC = "src/modelyard/runner/csrc"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]  # runner.kernels' flags
+LAYERS, KV_HEADS, HEAD_DIM, HEADS, REQUESTS, BLOCK, KEYS = 30, 3, 64, 9, 32, 16, 191
+
+
+def build(tag: str, rev: str | None, root: Path) -> Any:
+    """The kernels of `rev` (None: the working tree) loaded as torch.ops.ab_<tag>."""
+    from torch.utils import cpp_extension
+
+    out = root / tag
+    out.mkdir(parents=True)
+    names = (
+        subprocess.run(
+            ["git", "-C", str(REPO), "ls-tree", "--name-only", f"{rev}:{CSRC}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if rev
+        else [p.name for p in (REPO / CSRC).iterdir()]
+    )
+    for name in names:
+        text = (
+            subprocess.run(
+                ["git", "-C", str(REPO), "show", f"{rev}:{CSRC}/{name}"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            if rev
+            else (REPO / CSRC / name).read_text()
+        )
+        text = text.replace("modelyard_kernels", f"ab_{tag}")
+        (out / name).write_text(re.sub(r"\bmodelyard\b", f"modelyard_{tag}", text))
+    (out / "build").mkdir()
+    cpp_extension.load(
+        name=f"ab_{tag}",
+        sources=[str(p) for p in sorted(out.glob("*.cpp"))],
+        extra_cflags=FLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(out / "build"),
+        is_python_module=False,
+        verbose=False,
+    )
+    return getattr(torch.ops, f"ab_{tag}")
+
+
+def block_layouts() -> dict[str, torch.Tensor]:
+    """(REQUESTS, blocks) block tables: in order, scattered, and as the engine lays them."""
+    per = (KEYS + BLOCK - 1) // BLOCK
+    ids = list(range(1, REQUESTS * per + 1))
+    random.Random(0).shuffle(ids)
+    prompt = 128 // BLOCK  # a 128-token prompt's blocks, then one block per 16 decode steps
+    engine = [
+        [1 + prompt * r + j for j in range(prompt)]
+        + [1 + prompt * REQUESTS + (j - prompt) * REQUESTS + r for j in range(prompt, per)]
+        for r in range(REQUESTS)
+    ]
+    return {
+        "in_order": torch.arange(1, REQUESTS * per + 1).view(REQUESTS, per),
+        "scattered": torch.tensor(ids).view(REQUESTS, per),
+        "engine": torch.tensor(engine),
+    }
+
+
+def attention_cases(dtype: torch.dtype) -> dict[str, Callable[[Any], torch.Tensor]]:
+    """Decode attention over 30 layers' caches, one case per block layout."""
+    torch.manual_seed(0)
+    blocks = REQUESTS * ((KEYS + BLOCK - 1) // BLOCK) + 1
+    shape = (KV_HEADS, blocks, BLOCK, HEAD_DIM)
+    k = [torch.randn(shape).to(dtype) for _ in range(LAYERS)]
+    v = [torch.randn(shape).to(dtype) for _ in range(LAYERS)]
+    q = [torch.randn(REQUESTS, HEADS, HEAD_DIM).to(dtype) for _ in range(LAYERS)]
+    lens = torch.full((REQUESTS,), KEYS, dtype=torch.long)
+
+    def case(tables: torch.Tensor) -> Callable[[Any], torch.Tensor]:
+        def run(ops: Any) -> torch.Tensor:
+            outs = [
+                ops.paged_decode_attention(q[i], k[i], v[i], tables, lens, HEAD_DIM**-0.5, 0)
+                for i in range(LAYERS)
+            ]
+            return torch.stack(outs)
+
+        return run
+
+    name = str(dtype).removeprefix("torch.")
+    return {f"attention_{name}_{lay}": case(t) for lay, t in block_layouts().items()}
+
+
+def gemm_cases() -> dict[str, Callable[[Any], torch.Tensor]]:
+    """The bf16 GEMM at 32 rows over 30 layers' weights (packed by each build itself)."""
+    torch.manual_seed(1)
+    shapes = {"qkv": (960, 576, LAYERS), "o": (576, 576, LAYERS), "down": (576, 1536, LAYERS)}
+    shapes["lm_head"] = (49152, 576, 1)
+    cases: dict[str, Callable[[Any], torch.Tensor]] = {}
+    for name, (n, k, count) in shapes.items():
+        weights = [torch.randn(n, k).bfloat16() for _ in range(count)]
+        x = torch.randn(REQUESTS, k).bfloat16()
+        packed: dict[int, list[torch.Tensor]] = {}
+
+        def run(ops: Any, n: int = n, x: torch.Tensor = x, weights: list[torch.Tensor] = weights,
+                packed: dict[int, list[torch.Tensor]] = packed) -> torch.Tensor:  # fmt: skip
+            mine = packed.setdefault(id(ops), [ops.pack_bf16(w) for w in weights])
+            return torch.stack([ops.packed_linear_bf16(x, p, n) for p in mine])
+
+        cases[f"gemm_bf16_{name}"] = run
+    return cases
+
+
+def _has_bf16_gemm(ops: Any) -> bool:
+    try:
+        return bool(ops.bf16_gemm_supported())
+    except (AttributeError, RuntimeError):  # a revision before the bf16 GEMM
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="HEAD", help="git revision of the first build")
+    parser.add_argument("--head", default=None, help="git revision of the second (default: tree)")
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--out", default="kernel_ab")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        builds = {
+            "base": build("base", args.base, Path(tmp)),
+            "head": build("head", args.head, Path(tmp)),
+        }
+        cases = {**attention_cases(torch.float32), **attention_cases(torch.bfloat16)}
+        if all(_has_bf16_gemm(b) for b in builds.values()):
+            cases.update(gemm_cases())
+        for run in cases.values():  # untimed: packing, first touches
+            for ops in builds.values():
+                run(ops)
+        times: dict[str, dict[str, list[float]]] = {c: {b: [] for b in builds} for c in cases}
+        same: dict[str, bool] = {}
+        for _ in range(args.rounds):
+            for case, run in cases.items():
+                outs = {}
+                for name, ops in builds.items():
+                    start = time.perf_counter()
+                    outs[name] = run(ops)
+                    times[case][name].append((time.perf_counter() - start) * 1e3)
+                same[case] = same.get(case, True) and torch.equal(outs["base"], outs["head"])
+    results: dict[str, Any] = {}
+    for case, per_build in times.items():
+        row: dict[str, Any] = {"same_bits": same[case]}
+        for name, values in per_build.items():
+            values.sort()
+            quarter = len(values) // 4
+            row[name] = {
+                "median_ms": round(values[len(values) // 2], 3),
+                "p25_ms": round(values[quarter], 3),
+                "p75_ms": round(values[-1 - quarter], 3),
+            }
+        row["head_vs_base"] = round(row["head"]["median_ms"] / row["base"]["median_ms"], 3)
+        results[case] = row
+        base, head = row["base"]["median_ms"], row["head"]["median_ms"]
+        print(
+            f"{case:32s} base {base:8.3f} ms  head {head:8.3f} ms  x{row['head_vs_base']:.3f}"
+            f"  same bits: {row['same_bits']}"
+        )
+    payload = {
+        "args": vars(args),
+        "machine": machine_info(),
+        "threads": torch.get_num_threads(),
+        "results": results,
+    }
+    print("wrote", write_json(args.out, payload))
+
+
+if __name__ == "__main__":
+    main()
