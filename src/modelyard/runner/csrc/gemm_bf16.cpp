@@ -208,32 +208,33 @@ void check_packed(const at::Tensor& x, const at::Tensor& packed, const char* nam
               name, ": weight not packed for this input");
 }
 
-// x (M, K) bf16 contiguous, packed from pack_bf16, n = N -> (M, N) bf16
-at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
-  check_packed(x, packed, "packed_linear_bf16");
-  const int64_t panels = packed.size(0);
-  TORCH_CHECK(n > (panels - 1) * kCols && n <= panels * kCols,
-              "packed_linear_bf16: shapes do not match");
-  auto y = at::empty({x.size(0), n}, x.options());
+// y (M, cols) from x (M, K) bf16 contiguous and its panels, once `cols` is checked against them
+// (16 columns a panel; with SWIGLU a gate and an up panel make 16)
+template <bool SWIGLU>
+at::Tensor packed_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t cols,
+                       const char* name) {
+  check_packed(x, packed, name);
+  const int64_t panels = packed.size(0), col_panels = SWIGLU ? panels / 2 : panels;
+  TORCH_CHECK((!SWIGLU || panels % 2 == 0) && cols > (col_panels - 1) * kCols &&
+                  cols <= col_panels * kCols,
+              name, ": shapes do not match");
+  auto y = at::empty({x.size(0), cols}, x.options());
 #if defined(MODELYARD_BF16_GEMM)
-  if (x.size(0) > 0) gemm<false>(x, packed, y);
+  if (x.size(0) > 0) gemm<SWIGLU>(x, packed, y);
 #endif
   return y;
 }
 
-// x (M, K) bf16 contiguous, packed from pack_swiglu_bf16, width = I -> (M, I) bf16
-// silu(x Wg^T) * (x Wu^T) with the bits of those torch ops (each linear's, silu's and the
-// product's rounding), the (M, 2I) projections never written out
+// x (M, K) packed from pack_bf16, n = N -> (M, N) bf16
+at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  return packed_gemm<false>(x, packed, n, "packed_linear_bf16");
+}
+
+// x (M, K) packed from pack_swiglu_bf16, width = I -> (M, I) bf16 silu(x Wg^T) * (x Wu^T) with
+// the bits of those torch ops (each linear's, silu's and the product's rounding), the (M, 2I)
+// projections never written out
 at::Tensor packed_swiglu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t width) {
-  check_packed(x, packed, "packed_swiglu_bf16");
-  const int64_t units = packed.size(0) / 2;
-  TORCH_CHECK(packed.size(0) % 2 == 0 && width > (units - 1) * kCols && width <= units * kCols,
-              "packed_swiglu_bf16: shapes do not match");
-  auto y = at::empty({x.size(0), width}, x.options());
-#if defined(MODELYARD_BF16_GEMM)
-  if (x.size(0) > 0) gemm<true>(x, packed, y);
-#endif
-  return y;
+  return packed_gemm<true>(x, packed, width, "packed_swiglu_bf16");
 }
 
 }  // namespace
