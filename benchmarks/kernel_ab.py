@@ -4,7 +4,8 @@ This host's speed drifts by 10-30 % from minute to minute, more than most kernel
 worth, so runs of two builds one after another cannot tell them apart. This script builds the
 C++ kernels (`src/modelyard/runner/csrc`) of two git revisions, or of a revision and the working
 tree, each under its own op and C++ namespace so both load into one process. It then times
-them in alternation, each round running every case on both builds.
+them in alternation, each round running every case on both builds (base first in even rounds,
+head first in odd ones).
 
 The cases are the default model's decode-step work, with K/V and weights read from memory as
 in the engine:
@@ -180,10 +181,11 @@ def main() -> None:
                 run(ops)
         times: dict[str, dict[str, list[float]]] = {c: {b: [] for b in builds} for c in cases}
         same: dict[str, bool] = {}
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
+            order = list(builds.items())[:: 1 if round_ % 2 == 0 else -1]  # no fixed first
             for case, run in cases.items():
                 outs = {}
-                for name, ops in builds.items():
+                for name, ops in order:
                     start = time.perf_counter()
                     outs[name] = run(ops)
                     times[case][name].append((time.perf_counter() - start) * 1e3)

@@ -5,9 +5,9 @@
 add + RMSNorm, RoPE + KV-cache write, bf16 SwiGLU activation); these take float32 or bfloat16.
 `csrc/gemm.cpp` holds the float32 linear layers' GEMM on weights packed at load (runner.linear),
 with SwiGLU's activation fused into its gate/up projection; `csrc/gemm_bf16.cpp` a bfloat16 GEMM
-for decode sizes on AVX-512 BF16 hosts, summing in oneDNN's order; `csrc/claim.h` splits their
-work across threads. They are built with torch's C++
-extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
+on AVX-512 BF16 hosts that sums in oneDNN's order (checked at load: `bf16_gemm_exact`), SwiGLU's
+activation fused likewise; `csrc/claim.h` splits their work across threads. They are built
+with torch's C++ extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
 CPU flags, so a changed source or another machine builds afresh and a cached build loads in
 milliseconds. `scripts/setup` builds them ahead (`python -m modelyard.runner.kernels`), so no
@@ -229,6 +229,40 @@ def bf16_gemm_supported() -> bool:
     return load() and bool(torch.ops.modelyard_kernels.bf16_gemm_supported())
 
 
+@functools.cache
+def bf16_gemm_exact() -> bool:
+    """True when the runner's bf16 GEMM gives oneDNN's bits on this host: `packed_linear_bf16`
+    and `packed_swiglu_bf16` equal F.linear (and F.silu(gate) * up) on random rows of the
+    model's shapes, checked once at load. Its summation order is the one oneDNN's AVX-512 BF16
+    kernels use; where oneDNN picks other kernels (AMX, another torch), the order differs and the
+    runner's linear layers stay on oneDNN."""
+    if not bf16_gemm_supported():
+        return False
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).bfloat16()
+
+    for k in (576, 1536):
+        weight, gate, up = (randn(96, k) * 0.05 for _ in range(3))
+        packed, both = pack_bf16(weight), pack_swiglu_bf16(gate, up)
+        for rows in (1, 7, 32, 200):
+            x = randn(rows, k)
+            linear = torch.equal(packed_linear_bf16(x, packed, 96), F.linear(x, weight))
+            swiglu = torch.equal(
+                packed_swiglu_bf16(x, both, 96), F.silu(F.linear(x, gate)) * F.linear(x, up)
+            )
+            if not (linear and swiglu):
+                log.warning(
+                    "the runner's bf16 GEMM does not sum in oneDNN's order on this host; "
+                    "bf16 linear layers stay on oneDNN"
+                )
+                return False
+    return True
+
+
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     """(N, K) bfloat16, K even -> (ceil(N / 16), K / 2, 16, 2) panels for `packed_linear_bf16`."""
     out: torch.Tensor = torch.ops.modelyard_kernels.pack_bf16(weight)
@@ -243,7 +277,8 @@ def packed_linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.T
 
 def pack_swiglu_bf16(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SwiGLU's gate and up weights (I, K) bfloat16, K even -> `pack_bf16` panels alternating
-    16 gate rows and the same 16 up rows, for `packed_swiglu_bf16`."""
+    16 gate rows and the same 16 up rows, as (ceil(I / 16), 2, K / 2, 16, 2), for
+    `packed_swiglu_bf16` (which refuses `pack_bf16`'s 4-D panels)."""
     out: torch.Tensor = torch.ops.modelyard_kernels.pack_swiglu_bf16(gate, up)
     return out
 

@@ -22,7 +22,10 @@ bit-identical to it (tested), and 1.2-2x faster at decode row counts (1-32 rows)
 BF16 host; at prefill sizes the two are level. At decode sizes (up to 64 rows) and K up to 3072,
 bf16 runs the runner's own GEMM instead (`csrc/gemm_bf16.cpp`: `vdpbf16ps` panels, the next
 weights prefetched), which sums in oneDNN's order and so gives the same bits (tested at 1-64
-rows), ~1.35x faster over a decode step's weights. Elsewhere bf16 keeps `F.linear`.
+rows), ~1.35x faster over a decode step's weights. bf16 `SwiGLU` runs it at every row count
+(the order holds there too, tested to 2048 rows), with silu(gate) * up applied to its tiles as
+the float32 kernel does. Both only where `kernels.bf16_gemm_exact()` finds oneDNN's bits at load
+(oneDNN's AMX kernels, for one, sum in another order); elsewhere bf16 keeps oneDNN.
 
 Without the compiled kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32
 and bfloat16 use `F.linear`. float32 results differ from `F.linear` only in summation order
@@ -94,7 +97,7 @@ class Linear:
             self._onednn = _pack_onednn(weight)
             self._weight = None
             k = int(weight.shape[1])
-            if bias is None and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_supported():
+            if bias is None and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_exact():
                 self._bf16 = kernels.pack_bf16(weight)
         elif pack:
             self._packed = kernels.pack_weight(weight)
@@ -129,7 +132,7 @@ class SwiGLU:
         k = int(gate.shape[1])
         if pack and gate.dtype == torch.float32:
             self._packed = kernels.pack_swiglu(gate, up)
-        elif pack and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_supported():
+        elif pack and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_exact():
             # bf16 on the runner's GEMM (oneDNN's summation order up to this K, at any row
             # count: tested) with the activation applied to its tiles
             self._bf16 = kernels.pack_swiglu_bf16(gate, up)

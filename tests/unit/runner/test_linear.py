@@ -73,8 +73,8 @@ def test_bfloat16_decode_gemm_gives_f_linears_bits(out_features: int, in_feature
     K = 1024): F.linear's bits at every decode row count, ragged output widths included."""
     from modelyard.runner import kernels
 
-    if not kernels.bf16_gemm_supported():
-        pytest.skip("kernels built without AVX-512 BF16 on this host")
+    if not kernels.bf16_gemm_exact():
+        pytest.skip("no AVX-512 BF16, or oneDNN sums in another order here (AMX): not used")
     torch.manual_seed(in_features)
     weight = torch.randn(out_features, in_features).bfloat16()
     packed = kernels.pack_bf16(weight)
@@ -91,8 +91,8 @@ def test_bfloat16_decode_gemm_gives_f_linears_bits_on_single_rows(in_features: i
     in a few thousand."""
     from modelyard.runner import kernels
 
-    if not kernels.bf16_gemm_supported():
-        pytest.skip("kernels built without AVX-512 BF16 on this host")
+    if not kernels.bf16_gemm_exact():
+        pytest.skip("no AVX-512 BF16, or oneDNN sums in another order here (AMX): not used")
     torch.manual_seed(in_features)
     weight = torch.randn(1536, in_features).bfloat16()
     packed = kernels.pack_bf16(weight)
@@ -114,8 +114,8 @@ def test_bfloat16_fused_swiglu_gives_torchs_bits(width: int, in_features: int) -
     is still finite there); the product with up then differs by less than 1e-30."""
     from modelyard.runner import kernels
 
-    if not kernels.bf16_gemm_supported():
-        pytest.skip("kernels built without AVX-512 BF16 on this host")
+    if not kernels.bf16_gemm_exact():
+        pytest.skip("no AVX-512 BF16, or oneDNN sums in another order here (AMX): not used")
     torch.manual_seed(width)
     gate = (torch.randn(width, in_features) * 0.3).bfloat16()
     up = torch.randn(width, in_features).bfloat16()
@@ -125,6 +125,21 @@ def test_bfloat16_fused_swiglu_gives_torchs_bits(width: int, in_features: int) -
         x = (torch.randn(rows, in_features) * 2).bfloat16()
         expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
         torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-30)
+
+
+def test_bfloat16_gemm_is_exact_where_onednn_runs_avx512_bf16() -> None:
+    """The runner's bf16 GEMM is used only where its load-time check finds oneDNN's bits; on an
+    AVX-512 BF16 host without AMX (oneDNN's AVX-512 BF16 kernels, the order the GEMM follows)
+    the check must pass, so a GEMM that lost the order fails here instead of the tests above
+    skipping. Linear and SwiGLU then run it; elsewhere they stay on oneDNN."""
+    from modelyard.runner import kernels
+
+    exact = kernels.bf16_gemm_exact()
+    if kernels.cpu_has("avx512_bf16") and not kernels.cpu_has("amx_bf16"):
+        assert exact
+    weight = torch.randn(64, 576).bfloat16()
+    assert (Linear(weight, None, pack=True)._bf16 is not None) == exact
+    assert (SwiGLU(weight, weight, pack=True)._bf16 is not None) == exact
 
 
 def test_bfloat16_packing_follows_the_host() -> None:

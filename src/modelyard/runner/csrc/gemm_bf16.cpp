@@ -55,7 +55,8 @@ at::Tensor pack_bf16(const at::Tensor& w) {
 }
 
 // SwiGLU's gate and up (I, K) -> pack_bf16 panels alternating 16 gate rows and the same 16 up
-// rows (zero-padded), so one unit of two panels makes 16 columns of silu(gate) * up
+// rows (zero-padded), so one unit of two panels makes 16 columns of silu(gate) * up; as
+// (ceil(I / 16), 2, K / 2, 16, 2)
 at::Tensor pack_swiglu_bf16(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.dim() == 2 &&
                   up.scalar_type() == gate.scalar_type(),
@@ -66,7 +67,9 @@ at::Tensor pack_swiglu_bf16(const at::Tensor& gate, const at::Tensor& up) {
     out.narrow(0, 0, width).copy_(w);
     return out.view({units, 1, kCols, k});
   };
-  return pack_bf16(at::cat({padded(gate), padded(up)}, 1).view({units * 2 * kCols, k}));
+  const auto both = at::cat({padded(gate), padded(up)}, 1).view({units * 2 * kCols, k});
+  const auto panels = pack_bf16(both);
+  return panels.view({units, 2, k / 2, kCols, 2});  // 5-D: told apart from pack_bf16's panels
 }
 
 #if defined(MODELYARD_BF16_GEMM)
@@ -76,7 +79,8 @@ int64_t block_pairs(int64_t m, int64_t k) { return k <= 1024 || m == 1 ? 256 : 5
 
 // a float32 sum rounded to bf16 as the GEMM stores it (vcvtneps2bf16), and back to float32
 inline modelyard::v16 as_stored(__m512 sum) {
-  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(sum)), 16);
+  const __m256i stored = (__m256i)_mm512_cvtneps_pbh(sum);
+  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(stored), 16);
   return reinterpret_cast<const modelyard::v16&>(wide);
 }
 
@@ -198,14 +202,18 @@ void gemm(const at::Tensor& x, const at::Tensor& packed, at::Tensor& y) {
 }
 #endif
 
+// panels from pack_bf16 (4-D) or, with SWIGLU, from pack_swiglu_bf16 (5-D) for x (M, K)
+template <bool SWIGLU>
 void check_packed(const at::Tensor& x, const at::Tensor& packed, const char* name) {
   TORCH_CHECK(bf16_gemm_supported(), name, ": built without AVX-512 BF16");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(), name,
               ": contiguous bfloat16 (M, K) input");
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 &&
-                  packed.is_contiguous() && packed.size(2) == kCols && packed.size(3) == 2 &&
-                  x.size(1) == 2 * packed.size(1),
-              name, ": weight not packed for this input");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == (SWIGLU ? 5 : 4) &&
+                  (!SWIGLU || packed.size(1) == 2) && packed.is_contiguous() &&
+                  packed.size(-2) == kCols && packed.size(-1) == 2 &&
+                  x.size(1) == 2 * packed.size(-3),
+              name, SWIGLU ? ": weight not from pack_swiglu_bf16 for this input"
+                           : ": weight not from pack_bf16 for this input");
 }
 
 // y (M, cols) from x (M, K) bf16 contiguous and its panels, once `cols` is checked against them
@@ -213,14 +221,13 @@ void check_packed(const at::Tensor& x, const at::Tensor& packed, const char* nam
 template <bool SWIGLU>
 at::Tensor packed_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t cols,
                        const char* name) {
-  check_packed(x, packed, name);
-  const int64_t panels = packed.size(0), col_panels = SWIGLU ? panels / 2 : panels;
-  TORCH_CHECK((!SWIGLU || panels % 2 == 0) && cols > (col_panels - 1) * kCols &&
-                  cols <= col_panels * kCols,
-              name, ": shapes do not match");
+  check_packed<SWIGLU>(x, packed, name);
+  const int64_t col_panels = packed.size(0);  // with SWIGLU, pairs of a gate and an up panel
+  TORCH_CHECK(cols > (col_panels - 1) * kCols && cols <= col_panels * kCols, name,
+              ": shapes do not match");
   auto y = at::empty({x.size(0), cols}, x.options());
 #if defined(MODELYARD_BF16_GEMM)
-  if (x.size(0) > 0) gemm<SWIGLU>(x, packed, y);
+  if (x.size(0) > 0) gemm<SWIGLU>(x, SWIGLU ? packed.flatten(0, 1) : packed, y);
 #endif
   return y;
 }

@@ -406,12 +406,12 @@ inline void dp_values(const at::BFloat16* p, int64_t stride, const at::BFloat16*
   }
 }
 
-// 16 floats -> bf16 at p as c10::BFloat16 rounds them (nearest even; NaN -> quiet NaN 0x7FC0)
+// 16 floats -> bf16 at p as torch's tensor conversion rounds them (nearest even; NaN -> 0xFFFF)
 inline void store_bf16_exact(at::BFloat16* p, __m512 x) {
   const modelyard::v16 v = reinterpret_cast<const modelyard::v16&>(x);
   const auto number = (modelyard::u32x16)(v == v);  // all ones unless NaN
   const modelyard::u32x16 bits =
-      ((modelyard::round_bf16x16_bits(v) >> 16) & number) | (0x7FC0u & ~number);
+      ((modelyard::round_bf16x16_bits(v) >> 16) & number) | (0xFFFFu & ~number);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtepi32_epi16(reinterpret_cast<const __m512i&>(bits)));
 }
