@@ -127,6 +127,21 @@ def test_bfloat16_fused_swiglu_gives_torchs_bits(width: int, in_features: int) -
         torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-30)
 
 
+def test_bfloat16_gemm_refuses_the_other_kind_of_panels() -> None:
+    """`pack_bf16` and `pack_swiglu_bf16` panels are told apart (4-D vs 5-D), so neither entry
+    computes with the other's weights."""
+    from modelyard.runner import kernels
+
+    if not kernels.bf16_gemm_supported():
+        pytest.skip("kernels built without AVX-512 BF16 on this host")
+    weight, x = torch.randn(64, 96).bfloat16(), torch.randn(3, 96).bfloat16()
+    plain, swiglu = kernels.pack_bf16(weight), kernels.pack_swiglu_bf16(weight, weight)
+    with pytest.raises(RuntimeError, match="not from pack_swiglu_bf16"):
+        kernels.packed_swiglu_bf16(x, plain, 32)
+    with pytest.raises(RuntimeError, match="not from pack_bf16"):
+        kernels.packed_linear_bf16(x, swiglu, 64)
+
+
 def test_bfloat16_gemm_is_exact_where_onednn_runs_avx512_bf16() -> None:
     """The runner's bf16 GEMM is used only where its load-time check finds oneDNN's bits; on an
     AVX-512 BF16 host without AMX (oneDNN's AVX-512 BF16 kernels, the order the GEMM follows)
