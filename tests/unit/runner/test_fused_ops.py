@@ -137,6 +137,22 @@ def test_bfloat16_silu_mul_rounds_like_torchs_two_ops(rows: int, width: int) -> 
     assert float((ours == expected).float().mean()) > 0.99
 
 
+def test_bfloat16_silu_mul_keeps_nan_where_torch_does() -> None:
+    """A NaN gate or up gives NaN where torch's bf16 ops give it, and every other output keeps
+    torch's bits, on the 16-lane, 8-lane and scalar paths (width 40 = 16 + 16 + 8; 13 = 8 + 5).
+    (A NaN's own bits follow torch's tensor conversion, 0xFFFF; torch's scalar tail writes
+    0x7FC0, so they are not compared.)"""
+    for width in (40, 13):
+        both = torch.ones(2, 2 * width).bfloat16()
+        both[0, :width:3] = float("nan")  # gates
+        both[1, width + 1 :: 3] = float("nan")  # ups
+        expected = torch.nn.functional.silu(both[:, :width]) * both[:, width:]
+        ours = kernels.silu_mul(both)
+        assert torch.equal(ours.isnan(), expected.isnan())
+        assert int(expected.isnan().sum()) > 0
+        assert torch.equal(ours.nan_to_num(7.0), expected.nan_to_num(7.0))
+
+
 def test_rope_store_rejects_a_slot_outside_the_cache() -> None:
     qkv = torch.randn(1, 4 * 8)
     cos = sin = torch.ones(4, 8)

@@ -406,24 +406,16 @@ inline void dp_values(const at::BFloat16* p, int64_t stride, const at::BFloat16*
   }
 }
 
-// 16 floats -> bf16 at p as torch's tensor conversion rounds them (nearest even; NaN -> 0xFFFF)
-inline void store_bf16_exact(at::BFloat16* p, __m512 x) {
-  const modelyard::v16 v = reinterpret_cast<const modelyard::v16&>(x);
-  const auto number = (modelyard::u32x16)(v == v);  // all ones unless NaN
-  const modelyard::u32x16 bits =
-      ((modelyard::round_bf16x16_bits(v) >> 16) & number) | (0xFFFFu & ~number);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtepi32_epi16(reinterpret_cast<const __m512i&>(bits)));
-}
-
 // 32 output columns from unpack-ordered accumulators lo, hi, times f, rounded to bf16
 inline void unscramble(__m512 lo, __m512 hi, float f, at::BFloat16* out) {
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   const __m512 scale = _mm512_set1_ps(f);
-  store_bf16_exact(out, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale));
-  store_bf16_exact(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale));
+  const __m512 a = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), scale);
+  const __m512 b = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), scale);
+  modelyard::store_bf16x16(out, reinterpret_cast<const modelyard::v16&>(a));  // NaN as torch's
+  modelyard::store_bf16x16(out + 16, reinterpret_cast<const modelyard::v16&>(b));
 }
 
 // decode<bf16> for G query heads per KV head and head size 32 C; q (D, nh, hd) bf16 (rows

@@ -51,9 +51,12 @@ inline v8 round_bf16(v8 x) {
   return reinterpret_cast<const v8&>(bits);
 }
 
-// 8 floats -> 8 bfloat16 at p, rounded to nearest even; finite values
+// 8 floats -> 8 bfloat16 at p as torch's tensor conversion writes them: rounded to nearest even,
+// a NaN as 0xFFFF
 inline void store_bf16(void* p, v8 x) {
-  *reinterpret_cast<u16x8*>(p) = __builtin_convertvector(round_bf16_bits(x) >> 16, u16x8);
+  const auto number = (u32x8)(x == x);  // all ones unless NaN
+  const u32x8 bits = ((round_bf16_bits(x) >> 16) & number) | (0xFFFFu & ~number);
+  *reinterpret_cast<u16x8*>(p) = __builtin_convertvector(bits, u16x8);
 }
 
 // exp of each lane (Cephes-style: 2^n times a degree-5 polynomial on [-ln2/2, ln2/2]), relative
@@ -81,6 +84,20 @@ inline V exp_lanes(V x) {
 
 inline v8 exp8(v8 x) { return exp_lanes<v8, i8>(x); }
 
+// SwiGLU's activation as HF's two bf16 ops give it: silu(g) = g / (1 + exp(-g)) rounded to bf16,
+// times u; g and u are bf16 values (as floats); returns the product before its own rounding to
+// bf16. V, I, U: float, int and unsigned vectors of one width.
+template <typename V, typename I, typename U>
+inline V silu_times_lanes(V g, V u) {
+  V act = g / (V{} + 1.f + exp_lanes<V, I>(-g));
+  act = g < V{} - 88.f ? g * 0.f : act;  // exp(-g) overflows: torch's -0
+  U bits = reinterpret_cast<const U&>(act);
+  bits = (bits + (((bits >> 16) & 1u) + 0x7FFFu)) & 0xFFFF0000u;  // round_bf16
+  return reinterpret_cast<const V&>(bits) * u;
+}
+
+inline v8 silu_times(v8 g, v8 u) { return silu_times_lanes<v8, i8, u32x8>(g, u); }
+
 #if defined(__AVX512F__)
 // 16 floats: one AVX-512 register
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
@@ -103,18 +120,12 @@ inline u32x16 round_bf16x16_bits(v16 x) {
 }
 
 inline void store_bf16x16(void* p, v16 x) {
-  *reinterpret_cast<u16x16*>(p) = __builtin_convertvector(round_bf16x16_bits(x) >> 16, u16x16);
+  const auto number = (u32x16)(x == x);  // all ones unless NaN
+  const u32x16 bits = ((round_bf16x16_bits(x) >> 16) & number) | (0xFFFFu & ~number);
+  *reinterpret_cast<u16x16*>(p) = __builtin_convertvector(bits, u16x16);
 }
 
-// SwiGLU's activation as HF's two bf16 ops give it, on 16 lanes: silu(g) = g / (1 + exp(-g))
-// rounded to bf16, times u; g and u are bf16 values (as floats); returns the product before
-// its own rounding to bf16
-inline v16 silu_times(v16 g, v16 u) {
-  v16 act = g / (v16{} + 1.f + exp16(-g));
-  act = g < v16{} - 88.f ? g * 0.f : act;  // exp(-g) overflows: torch's -0
-  const u32x16 rounded = round_bf16x16_bits(act);
-  return reinterpret_cast<const v16&>(rounded) * u;
-}
+inline v16 silu_times(v16 g, v16 u) { return silu_times_lanes<v16, i16, u32x16>(g, u); }
 #endif
 
 }  // namespace modelyard
