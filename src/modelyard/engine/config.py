@@ -79,3 +79,6 @@ class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    poison_token_ids: tuple[int, ...] = ()
+    """Fault drill for the isolation tests: a step whose batch holds one of these token ids
+    raises in the runner, as a request that passed every check could. Empty in service."""

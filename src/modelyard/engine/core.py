@@ -3,16 +3,23 @@
 `EngineCore` knows nothing about processes, sockets or text: the worker process
 (engine/worker.py) feeds it requests and aborts between steps and ships what `step()` returns.
 Everything here runs on one thread; no method blocks except `step()` while the model runs.
+
+A step whose execution raises fails only the requests that make it fail (engine/isolation.py
+finds them); the rest of the batch gets its tokens as if nothing had happened.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from modelyard.engine.config import EngineConfig
+from modelyard.engine.isolation import isolate_failure
 from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats
 from modelyard.engine.scheduler import Scheduler
-from modelyard.engine.scheduler_output import StepRunner
+from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
+
+logger = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -27,6 +34,7 @@ class EngineCore:
             num_blocks=runner.num_kv_blocks,
             max_model_len=runner.max_model_len,
             eos_token_ids=runner.eos_token_ids,
+            vocab_size=runner.vocab_size,
         )
 
     def add_request(self, request: EngineRequest) -> None:
@@ -40,16 +48,31 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def step(self) -> list[EngineOutput]:
-        """Run one batch; one output per request that got a token. [] when nothing ran."""
+        """Run one batch; one output per request that got a token or failed. [] when nothing
+        ran."""
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
+        failed: list[EngineOutput] = []
         try:
             runner_output = self.runner.execute(scheduler_output)
+        except Exception as exc:
+            runner_output, failed = self._isolate(scheduler_output, exc)
         except BaseException:
             self.scheduler.discard(scheduler_output)  # no half-written KV in the prefix cache
             raise
-        return self.scheduler.update(scheduler_output, runner_output)
+        return failed + self.scheduler.update(scheduler_output, runner_output)
+
+    def _isolate(
+        self, scheduler_output: SchedulerOutput, exc: Exception
+    ) -> tuple[RunnerOutput, list[EngineOutput]]:
+        """The batch raised: re-run it in smaller groups to fail only the requests that make
+        it fail (engine/isolation.py). (tokens of the rest, error outputs of the culprits)"""
+        logger.exception("engine step failed; isolating the requests that make it fail")
+        block_size = self.config.cache.block_size
+        isolated = isolate_failure(self.runner, scheduler_output, exc, block_size)
+        failed = self.scheduler.fail_requests(scheduler_output, isolated.errors, isolated.recompute)
+        return isolated.output, failed
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -91,6 +91,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # cumulative prompt tokens found there
     num_preemptions: int = 0  # cumulative
+    num_failed_requests: int = 0  # cumulative: requests that made a step fail (failed alone)
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs", kw_only=True):
@@ -112,6 +113,7 @@ class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
     dtype: str
     implementation: str  # "native" or "generic"
     rss_bytes: int  # the worker's resident memory after load
+    vocab_size: int = 0  # token ids must be in [0, vocab_size) (0: unknown, not checked)
 
 
 class EngineFailed(msgspec.Struct, tag="failed", kw_only=True):

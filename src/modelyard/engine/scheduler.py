@@ -23,7 +23,9 @@ Pure CPU code behind two methods (vLLM v1 / nano-vllm shape):
 Blocks enter the prefix cache when the tokens that fill them are scheduled (vLLM does the
 same), so n > 1 siblings admitted in one step share the prompt's blocks at once; the runner
 writes all new K/V of a step before attention reads the cache. A request preempted after it was
-put in the batch, or a batch that fails (`discard`), withdraws those entries again.
+put in the batch, or a batch that fails (`discard`, `fail_requests`), withdraws those entries
+again. `fail_requests` settles a batch that failed in part (engine/isolation.py): the requests
+that made it fail finish as ERROR, those that depended on them are preempted.
 
 Stop checks, in order, on each new token: a stop token id, then EOS unless ignore_eos — both
 only once at least `min_tokens` tokens were generated BEFORE this one (the same rule the
@@ -44,7 +46,13 @@ from dataclasses import dataclass, field
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig
 from modelyard.engine.kv_cache import KVCacheManager
-from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats, TokenLogprobs
+from modelyard.engine.messages import (
+    EngineOutput,
+    EngineRequest,
+    FinishReason,
+    SchedulerStats,
+    TokenLogprobs,
+)
 from modelyard.engine.request import Request, RequestStatus
 from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 
@@ -138,6 +146,7 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         eos_token_ids: Iterable[int],
+        vocab_size: int | None = None,
     ) -> None:
         self.config = scheduler_config
         self.kv_cache = KVCacheManager(
@@ -145,18 +154,21 @@ class Scheduler:
         )
         self.max_model_len = min(max_model_len, num_blocks * cache_config.block_size)
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size  # prompt token ids must be below it (None: not checked)
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
         self.num_preemptions = 0  # cumulative
+        self.num_failed_requests = 0  # cumulative: requests failed by `fail_requests`
         self._finished_ids: set[str] = set()  # to hand to the runner with the next batch
         self._arrivals = itertools.count()
 
     # ------------------------------------------------------------------ requests in / out
 
     def add_request(self, message: EngineRequest) -> None:
-        """Queue a request. ValueError for a duplicate id, an empty prompt, a prompt longer
-        than max_model_len - 1 (no room for one output token) or invalid sampling params."""
+        """Queue a request. ValueError for a duplicate id, an empty prompt, a token id outside
+        the vocabulary, a prompt longer than max_model_len - 1 (no room for one output token)
+        or invalid sampling params."""
         if message.request_id in self.requests:
             raise ValueError(f"request id {message.request_id!r} is already live")
         num_prompt = len(message.prompt_token_ids)
@@ -167,6 +179,10 @@ class Scheduler:
                 f"prompt has {num_prompt} tokens; at most {self.max_model_len - 1} fit "
                 f"(context length {self.max_model_len})"
             )
+        if self.vocab_size is not None and not all(
+            0 <= t < self.vocab_size for t in message.prompt_token_ids
+        ):
+            raise ValueError(f"prompt holds a token id outside [0, {self.vocab_size})")
         message.sampling_params.validate()
         request = Request.from_engine_request(message)
         request.arrival_order = next(self._arrivals)
@@ -203,6 +219,7 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            num_failed_requests=self.num_failed_requests,
         )
 
     # ------------------------------------------------------------------ schedule
@@ -295,17 +312,21 @@ class Scheduler:
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
         """Preempt by recompute: free the blocks, keep the outputs, queue it again."""
-        self.running.remove(request)
         if request.request_id in batch.scheduled:  # its KV for this step will not be written
             self.kv_cache.uncache_blocks(request, request.num_computed_tokens)
+        self._requeue(request)
+        batch.remove(request.request_id)
+        batch.preempted_ids.add(request.request_id)
+
+    def _requeue(self, request: Request) -> None:
+        """Free a running request's blocks, keep its outputs, queue it again for recompute."""
+        self.running.remove(request)
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.push(request, front_of_class=True)
-        batch.remove(request.request_id)
-        batch.preempted_ids.add(request.request_id)
 
     def _to_output(self, batch: _Batch) -> SchedulerOutput:
         """Decodes first, then prefill chunks; advance num_computed_tokens for all of them."""
@@ -337,7 +358,7 @@ class Scheduler:
         missing = [
             s.request_id
             for s in scheduler_output.scheduled
-            if s.sample and s.request_id in self.requests and s.request_id not in sampled
+            if s.sample and self._is_running(s.request_id) and s.request_id not in sampled
         ]
         if missing:
             raise RuntimeError(f"runner output has no sampled token for {missing}")
@@ -360,6 +381,39 @@ class Scheduler:
                 request.num_computed_tokens = entry.start_position
                 self.kv_cache.uncache_blocks(request, entry.start_position)
 
+    def fail_requests(
+        self,
+        scheduler_output: SchedulerOutput,
+        errors: dict[str, str],
+        recompute: Iterable[str] = (),
+    ) -> list[EngineOutput]:
+        """Settle a batch that failed in part (engine/isolation.py). Each request in `errors`
+        made it fail: it finishes as ERROR, with one final output carrying the message. Each in
+        `recompute` could not run (its KV depended on a failed one): it goes back to the
+        waiting queue as if preempted. Either way the prefix-cache entries its KV of this step
+        would have filled are withdrawn. The rest of the batch is not touched."""
+        starts = {entry.request_id: entry.start_position for entry in scheduler_output.scheduled}
+        for request_id in recompute:
+            request = self.requests[request_id]
+            self.kv_cache.uncache_blocks(request, starts[request_id])
+            self._requeue(request)
+        outputs = []
+        for request_id, error in errors.items():
+            request = self.requests[request_id]
+            self.kv_cache.uncache_blocks(request, starts[request_id])
+            self._finish(request, RequestStatus.FINISHED_ERROR)
+            self.num_failed_requests += 1
+            outputs.append(
+                EngineOutput(
+                    request_id=request_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ERROR,
+                    error=error,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                )
+            )
+        return outputs
+
     def _append_token(
         self, request: Request, token_id: int, logprobs: TokenLogprobs | None
     ) -> EngineOutput:
@@ -380,6 +434,10 @@ class Scheduler:
                 request.first_scheduled_time if request.num_output_tokens == 1 else None
             ),
         )
+
+    def _is_running(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)
+        return request is not None and request.status is RequestStatus.RUNNING
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params

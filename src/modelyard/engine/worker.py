@@ -9,9 +9,10 @@ method). It connects to the API process's IPC sockets, loads the model, sends `E
     -> else: block on the command socket for a short while; send an empty EngineOutputs as a
        heartbeat every HEARTBEAT_INTERVAL_S so the client can tell the worker is alive.
 
-`Shutdown` ends the loop with exit status 0. An exception in a step fails every live request
-with a FinishReason.ERROR output and the worker keeps serving; an exception while doing that
-(or anything else unexpected) propagates and the process exits non-zero.
+`Shutdown` ends the loop with exit status 0. A request that makes a step fail fails alone
+(the core isolates it, engine/isolation.py). Should `core.step()` raise all the same, every live
+request gets a FinishReason.ERROR output and the worker keeps serving; an exception while doing
+that (or anything else unexpected) propagates and the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -100,10 +101,11 @@ def run_engine_worker(config: EngineConfig, addresses: IpcAddresses) -> None:
 
 def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     from modelyard.engine.core import EngineCore
+    from modelyard.engine.fault_drill import with_poison
     from modelyard.runner.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache)
-    core = EngineCore(config, runner)
+    core = EngineCore(config, with_poison(runner, config.poison_token_ids))
     ready = EngineReady(
         num_blocks=runner.num_kv_blocks,
         block_size=config.cache.block_size,
@@ -113,6 +115,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
         dtype=config.model.dtype,
         implementation=str(getattr(runner, "implementation", config.model.implementation)),
         rss_bytes=psutil.Process().memory_info().rss,
+        vocab_size=runner.vocab_size,
     )
     return core, ready
 
@@ -154,8 +157,8 @@ def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConne
 
 
 def _step(core: Core, live: set[str]) -> list[EngineOutput]:
-    """core.step(); on an exception, abort and fail every live request (the step's batch is not
-    known from outside the core, so all of them are affected)."""
+    """core.step(); should it raise (the core isolates a failing request itself, so this is a
+    bug), abort and fail every live request: the step's batch is not known from outside."""
     try:
         outputs = core.step()
     except Exception as exc:

@@ -125,6 +125,7 @@ _ENGINE_OPTIONS = frozenset(
         "max_num_batched_tokens",
         "max_waiting_requests",
         "max_waiting_prompt_tokens",
+        "poison_token_ids",  # fault drill (engine/fault_drill.py), for the isolation tests
     }
 )
 
@@ -156,7 +157,8 @@ def engine_config_for(spec: ModelSpec) -> Any:
         max_num_seqs=int(opts.get("max_num_seqs", 64)),
         max_num_batched_tokens=int(opts.get("max_num_batched_tokens", 2048)),
     )
-    return EngineConfig(model=model, cache=cache, scheduler=scheduler)
+    poison = tuple(int(t) for t in opts.get("poison_token_ids", ()))
+    return EngineConfig(model=model, cache=cache, scheduler=scheduler, poison_token_ids=poison)
 
 
 def admission_limits_for(spec: ModelSpec) -> dict[str, int]:

@@ -7,9 +7,10 @@ right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
 
 - sets the gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`;
 - turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
-  `prefix_cache_hits`, `num_preemptions`) into increments of the Prometheus counters, by
-  remembering the last value seen per model. A value lower than the last one means the engine
-  restarted: the new value counts in full (what Prometheus' `rate()` assumes after a reset);
+  `prefix_cache_hits`, `num_preemptions`, `num_failed_requests`) into increments of the
+  Prometheus counters, by remembering the last value seen per model. A value lower than the
+  last one means the engine restarted: the new value counts in full (what Prometheus'
+  `rate()` assumes after a reset);
 - removes the gauge series of models no longer loaded (counters keep their totals).
 """
 
@@ -24,6 +25,7 @@ from prometheus_client import Counter
 
 from modelyard.engine.messages import SchedulerStats
 from modelyard.observability.metrics import (
+    ENGINE_FAILED_REQUESTS,
     KV_CACHE_USAGE,
     NUM_PREEMPTIONS,
     NUM_REQUESTS_RUNNING,
@@ -40,6 +42,7 @@ _CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("prefix_cache_queries", PREFIX_CACHE_QUERIES),
     ("prefix_cache_hits", PREFIX_CACHE_HITS),
     ("num_preemptions", NUM_PREEMPTIONS),
+    ("num_failed_requests", ENGINE_FAILED_REQUESTS),
 )
 
 
