@@ -56,6 +56,10 @@ class ServerConfig:
     host: str = "127.0.0.1"  # bind address (keep 127.0.0.1 unless behind a proxy)
     port: int = 8000  # TCP port
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
+    max_json_depth: int = 64  # JSON bodies nesting deeper get 400 (checked before parsing)
+    max_json_elements: int = 1_000_000  # JSON bodies with more values get 400 (same)
+    max_n: int = 32  # completions one request may ask for: n x its number of prompts
+    max_n_tokens: int = 262_144  # those completions x max_tokens (unset: the context length)
     request_timeout_s: float = 300.0  # per-request limit: 504 / error event, request aborted
     drain_timeout_s: float = 30.0  # on SIGTERM, wait this long for in-flight requests
     debug_endpoints: bool = True  # GET /debug/engine_stats (admins, or anyone when auth is off)
@@ -66,6 +70,9 @@ class ServerConfig:
             raise ValueError("server.port must be in [0, 65535]")
         if self.max_body_bytes < 1024:
             raise ValueError("server.max_body_bytes must be >= 1024")
+        for name in ("max_json_depth", "max_json_elements", "max_n", "max_n_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"server.{name} must be >= 1")
         if self.request_timeout_s <= 0:
             raise ValueError("server.request_timeout_s must be > 0")
         if self.drain_timeout_s < 0:

@@ -13,6 +13,9 @@ input is always a 4xx, never a 500.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from modelyard.engine.sampling_params import InvalidParamError
 from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
 
 log = logging.getLogger(__name__)
@@ -101,20 +105,30 @@ def error_response(path: str, error: APIError) -> JSONResponse:
     )
 
 
+#: The request field that holds the prompt, per route (a context overflow names it).
+_PROMPT_PARAM = {"/v1/chat/completions": "messages", "/generate": "prompts"}
+_FIELD_MESSAGE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*) (?:must |is required)")
+
+
 def param_from_value_error(message: str) -> str | None:
-    """SamplingParams.validate() messages start with the field name ("top_p must be ...")."""
-    first = message.split(" ", 1)[0]
-    return first if first.isidentifier() else None
+    """The field a plain ValueError names, when it reads "<field> must ..." or "<field> is
+    required" (InvalidParamError carries its field; other messages name none)."""
+    match = _FIELD_MESSAGE.match(message)
+    return match.group(1) if match else None
 
 
-def api_error_from_exception(exc: BaseException) -> APIError:
-    """Map any exception a route can meet onto an APIError (unknown ones become a 500)."""
+def api_error_from_exception(exc: BaseException, path: str = "") -> APIError:
+    """Map any exception a route can meet onto an APIError (unknown ones become a 500);
+    `path` is the request's, for errors whose field depends on the route."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ClientDisconnectedError):
         return APIError(499, "client disconnected")
     if isinstance(exc, PromptTooLongError):
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+        param = _PROMPT_PARAM.get(path, "prompt")
+        return APIError(400, str(exc), param=param, code="context_length_exceeded")
+    if isinstance(exc, InvalidParamError):
+        return APIError(400, str(exc), param=exc.param)
     if isinstance(exc, ModelNotFoundError):
         return APIError(
             404, _message(exc, "model not found"), param="model", code="model_not_found"
@@ -137,6 +151,19 @@ def api_error_from_exception(exc: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+@contextmanager
+def parsing_request(param: str | None = None) -> Iterator[None]:
+    """Around a route's own request parsing: an exception no check foresaw is the request's
+    fault, so it becomes a 400 naming `param` (the fallback; every known case has its check)."""
+    try:
+        yield
+    except (APIError, ValueError):
+        raise
+    except Exception as exc:
+        log.warning("unforeseen error while parsing a request", exc_info=exc)
+        raise APIError(400, f"invalid request: {type(exc).__name__}: {exc}", param=param) from exc
+
+
 def _message(exc: BaseException, default: str) -> str:
     text = str(exc)
     return text.strip("'\"") if text else default
@@ -148,12 +175,24 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if not errors:
         return APIError(400, "invalid request")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = [str(part) for part in first.get("loc", ()) if _is_field(part)]
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
         return APIError(400, f"request body is not valid JSON: {message}")
     return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+_TYPE_TAGS = frozenset({"body", "str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_field(part: object) -> bool:
+    """A field name or index of an error location, not pydantic's tag of a union member
+    ("str", "list[str]", "function-after[...]") nor FastAPI's "body"."""
+    if isinstance(part, int):
+        return True
+    text = str(part)
+    return text not in _TYPE_TAGS and "[" not in text and "-" not in text
 
 
 def install_exception_handlers(app: FastAPI) -> None:
@@ -174,7 +213,7 @@ def install_exception_handlers(app: FastAPI) -> None:
         return response
 
     async def on_any(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(request.url.path, api_error_from_exception(exc))
+        return error_response(request.url.path, api_error_from_exception(exc, request.url.path))
 
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

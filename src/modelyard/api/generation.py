@@ -4,10 +4,11 @@ Pipeline of one HTTP request (`open_generation`):
 
 1. the caller's Principal (gateway) must be allowed the requested model (else 403);
 2. `app.state.router.route(name, principal)` gives targets: primary first, then fallbacks;
-3. for each target: lease it from the provider, build the prompts with its tokenizer, submit one
-   engine request per prompt and wait for each one's first output. ModelUnavailableError,
-   EngineOverloadedError and EngineDeadError move on to the next target; nothing has been sent
-   to the client yet, so the last error becomes the response status (429, 503...).
+3. for each target: lease it from the provider, build the prompts with its tokenizer, check the
+   request's size (api/limits.py: n x prompts, x max_tokens), submit one engine request per
+   prompt and wait for each one's first output. ModelUnavailableError, EngineOverloadedError
+   and EngineDeadError move on to the next target; nothing has been sent to the client yet,
+   so the last error becomes the response status (429, 503...).
 4. the route reads `Generation.outputs(i)` (each read bounded by the request deadline) and
    always ends with `Generation.aclose()`: unfinished engine requests are aborted (iterator
    closed + explicit abort), the lease is released, usage and metrics are recorded.
@@ -30,6 +31,7 @@ import anyio
 from starlette.requests import Request
 
 from modelyard.api.errors import APIError, ClientDisconnectedError
+from modelyard.api.limits import check_generation_limits
 from modelyard.api.llm_metrics import RequestTracker
 from modelyard.engine.protocol import (
     EngineDeadError,
@@ -196,6 +198,9 @@ async def open_generation(
                 lease = await stack.enter_async_context(state.provider.lease(target))
                 llm = _llm_of(lease, requested)
                 prompts = await build_prompts(llm)
+                check_generation_limits(
+                    len(prompts), params, llm.max_model_len, state.config.server
+                )
                 streams = await _start_streams(
                     llm, prompts, params, principal.priority + priority, lease.model_id, principal
                 )

@@ -2,8 +2,10 @@
 assembled in one function, outermost first:
 
 1. RequestIdMiddleware: accept a sane `X-Request-ID` or make one; echo it on the response;
-2. gateway slot: auth (Principal into the scope) and rate limits (gateway/);
-3. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes.
+2. JsonGuardMiddleware (api/limits.py): 400 for a JSON body too deep, too large in values, not
+   UTF-8 or holding a lone surrogate, before anything (the gateway included) parses it;
+3. gateway slot: auth (Principal into the scope) and rate limits (gateway/);
+4. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.api.errors import APIError, error_body_for_path
+from modelyard.api.limits import JsonGuardMiddleware
 from modelyard.config import ModelyardConfig
 from modelyard.observability.http import observability_middleware
 
@@ -28,6 +31,7 @@ def build_middleware_stack(config: ModelyardConfig) -> list[Middleware]:
     """The middleware list for FastAPI(middleware=...), outermost first."""
     stack = [Middleware(RequestIdMiddleware)]
     stack.extend(observability_middleware())  # access log + HTTP metrics (observability/)
+    stack.append(Middleware(JsonGuardMiddleware, server=config.server))
     # ---- GATEWAY SLOT: the gateway part (gateway/) inserts its pure-ASGI middleware here:
     # ---- authentication (sets scope[PRINCIPAL_SCOPE_KEY]) then rate limiting.
     stack.extend(gateway_middleware(config))

@@ -2,8 +2,9 @@
 
 Pipeline of one `generate` call (all on the event loop, nothing blocking):
 
-1. validate the SamplingParams (ValueError), tokenize a str prompt (ids pass through), check
-   prompt length + max_tokens against max_model_len (PromptTooLongError);
+1. validate the SamplingParams (ValueError), tokenize a str prompt (ids pass through, each
+   within the model's vocabulary, as the stop token ids: InvalidParamError), check prompt
+   length + max_tokens against max_model_len (PromptTooLongError);
 2. admission: a bounded waiting queue. A call counts as waiting from acceptance until its first
    output arrives (i.e. until the engine scheduled it); when `max_waiting_requests` calls or
    `max_waiting_prompt_tokens` prompt tokens are waiting, EngineOverloadedError (retry_after_s);
@@ -45,7 +46,7 @@ from modelyard.engine.protocol import (
     RequestOutput,
     Tokenizer,
 )
-from modelyard.engine.sampling_params import SamplingParams
+from modelyard.engine.sampling_params import InvalidParamError, SamplingParams
 
 #: Prompts longer than this many characters are tokenized in a thread.
 _THREAD_TOKENIZE_CHARS = 4096
@@ -203,6 +204,11 @@ class AsyncLLM:
         return self._tokenizer
 
     @property
+    def vocab_size(self) -> int | None:
+        """Token ids the model accepts are in [0, vocab_size) (None: the worker did not say)."""
+        return self._client.ready.vocab_size or None
+
+    @property
     def ready(self) -> EngineReady:
         """What the worker reported at start (blocks, dtype, paths, RSS)."""
         return self._client.ready
@@ -243,6 +249,7 @@ class AsyncLLM:
         """Stream the request's outputs (see LLMClient.generate for the error contract)."""
         params.validate()
         prompt_ids = await self._tokenize(prompt)
+        check_token_ids(prompt_ids, params, self.vocab_size)
         check_prompt_length(len(prompt_ids), params.max_tokens, self.max_model_len)
         if not self._client.is_alive:
             raise EngineDeadError(f"engine is not running: {self._client.dead_reason}")
@@ -282,7 +289,7 @@ class AsyncLLM:
         else:
             ids = [int(t) for t in prompt]
         if not ids:
-            raise ValueError("prompt must not be empty")
+            raise InvalidParamError("prompt", "must not be empty")
         return ids
 
     def _admit(self, prompt_len: int) -> None:
@@ -350,6 +357,18 @@ class AsyncLLM:
             to_abort, state.stopped_by_string = state.stopped_by_string, []
             await self._client.abort(to_abort)
         return output
+
+
+def check_token_ids(prompt_ids: list[int], params: SamplingParams, vocab_size: int | None) -> None:
+    """InvalidParamError for a prompt or stop token id outside [0, vocab_size)."""
+    if vocab_size is None:
+        return
+    for param, ids in (("prompt", prompt_ids), ("stop_token_ids", params.stop_token_ids)):
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidParamError(
+                param, f"holds token id {bad}, outside the vocabulary [0, {vocab_size})"
+            )
 
 
 def check_prompt_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:

@@ -179,11 +179,10 @@ class Scheduler:
                 f"prompt has {num_prompt} tokens; at most {self.max_model_len - 1} fit "
                 f"(context length {self.max_model_len})"
             )
-        if self.vocab_size is not None and not all(
-            0 <= t < self.vocab_size for t in message.prompt_token_ids
-        ):
-            raise ValueError(f"prompt holds a token id outside [0, {self.vocab_size})")
         message.sampling_params.validate()
+        token_ids = (*message.prompt_token_ids, *message.sampling_params.stop_token_ids)
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in token_ids):
+            raise ValueError(f"a prompt or stop token id is outside [0, {self.vocab_size})")
         request = Request.from_engine_request(message)
         request.arrival_order = next(self._arrivals)
         self.requests[request.request_id] = request

@@ -35,14 +35,20 @@ class EmbeddingRequest(BaseModel):
 
 @router.post("/v1/embeddings")
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
-    texts = as_list(body.input)
+    try:
+        texts = as_list(body.input)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="input") from exc
     if not all(isinstance(text, str) for text in texts):
         raise APIError(400, "input must be a string or a list of strings", param="input")
     provider = request.app.state.provider
     async with provider.lease(body.model) as lease:
         if lease.kind != ModelKind.EMBEDDING:
             raise APIError(400, f"{body.model} is not an embedding model", param="model")
-        outputs = await lease.predictor.predict(texts, {"usage": True})
+        try:
+            outputs = await lease.predictor.predict(texts, {"usage": True})
+        except ValueError as exc:  # a text the model refuses
+            raise APIError(400, str(exc), param="input") from exc
     vectors, tokens = _split_usage(outputs, texts)
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise APIError(400, f"dimensions must be {len(vectors[0])}", param="dimensions")

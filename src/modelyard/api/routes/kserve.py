@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 import modelyard
-from modelyard.api.errors import APIError
+from modelyard.api.errors import APIError, parsing_request
 from modelyard.backends.kserve import (
     default_metadata,
     items_from_request,
@@ -109,13 +109,13 @@ async def infer(name: str, request: Request, version: str | None = None) -> dict
     _check_version(spec, version)
     if spec.kind.is_llm:
         raise APIError(400, f"{spec.id} is an LLM: use the OpenAI routes under /v1")
-    body = parse_infer_body(
-        await request.body(), request.headers.get("inference-header-content-length")
-    )
-    parameters = body.get("parameters") or {}
-    options = {k: v for k, v in parameters.items() if k in ("top_k", "labels")}
-    wanted = [str(o.get("name")) for o in body.get("outputs") or [] if isinstance(o, dict)]
-    items = items_from_request(spec.kind, body)
+    raw = await request.body()
+    with parsing_request():
+        body = parse_infer_body(raw, request.headers.get("inference-header-content-length"))
+        parameters = body.get("parameters") or {}
+        options = {k: v for k, v in parameters.items() if k in ("top_k", "labels")}
+        wanted = [output["name"] for output in body.get("outputs", [])]
+        items = items_from_request(spec.kind, body)
     async with provider.lease(spec.id) as lease:
         outputs = await lease.predictor.predict(items, options)
     return {

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
+from modelyard.api.errors import APIError, parsing_request
 from modelyard.backends.image import MAX_IMAGE_BYTES
 from modelyard.backends.inputs import items_for_kind
 
@@ -66,16 +67,25 @@ async def _read_form(request: Request) -> tuple[str, Any, dict[str, Any]]:
 
 @router.post("/predict")
 async def predict(request: Request) -> dict[str, Any]:
-    model_id, input_data, options = await _read_body(request)
+    with parsing_request():
+        model_id, input_data, options = await _read_body(request)
     provider = request.app.state.provider
     async with provider.lease(model_id) as lease:
-        items = (
-            input_data
-            if isinstance(input_data, list) and all(isinstance(i, bytes) for i in input_data)
-            else items_for_kind(lease.kind, input_data)
-        )
-        outputs = await lease.predictor.predict(items, options)
+        try:
+            items = (
+                input_data
+                if isinstance(input_data, list) and all(isinstance(i, bytes) for i in input_data)
+                else items_for_kind(lease.kind, input_data)
+            )
+            outputs = await lease.predictor.predict(items, options)
+        except ValueError as exc:  # the inputs or the options were wrong for this model
+            raise APIError(400, str(exc), param=_bad_field(str(exc), options)) from exc
     return {"model_id": lease.model_id, "kind": str(lease.kind), "predictions": outputs}
+
+
+def _bad_field(message: str, options: dict[str, Any]) -> str:
+    """`options` when the message names one of them ("top_k must be ..."), else the input."""
+    return "options" if message.split(" ", 1)[0] in options else "input_data"
 
 
 @router.get("/models")
