@@ -27,6 +27,7 @@ from fastapi import FastAPI
 
 from modelyard.api.errors import install_exception_handlers
 from modelyard.api.middleware import build_middleware_stack
+from modelyard.api.openapi import install_openapi
 from modelyard.api.routes import embeddings, health, kserve, openai, predict, textbook, vllm_compat
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
@@ -85,6 +86,7 @@ def build_app(
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
     app.include_router(metrics_routes.router)
+    install_openapi(app)  # every status each route can answer with, in the document
     return app
 
 
