@@ -75,6 +75,14 @@ _MODEL_READY_BODY = {  # /v2/models/{name}/ready
     "required": ["name", "ready"],
     "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
 }
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string", "description": "a JSON object, or [DONE] last"},
+        "event": {"type": "string"},
+    },
+}
 _TENSOR = {
     "type": "object",
     "required": ["name", "shape", "datatype"],
@@ -221,8 +229,7 @@ def _document_success(path: str, responses: dict[str, Any], own: dict[str, Any] 
     if own is not None:
         content["application/json"] = {"schema": own}
     if path in _STREAMS:
-        stream = {"schema": {"type": "string", "description": "data: <json> events, [DONE]"}}
-        content["text/event-stream"] = stream
+        content["text/event-stream"] = {"schema": _SSE_EVENT}  # (before 3.2: one event)
     if path == "/generate_stream":
         content.pop("application/json", None)
 

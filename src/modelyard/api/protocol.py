@@ -38,6 +38,7 @@ class SamplingFields(BaseModel):
     top_p: float | None = None
     n: int = Field(1, ge=1, le=INT32_MAX)  # completions per prompt (server.max_n at most)
     best_of: int | None = Field(None, ge=1, le=INT32_MAX)  # accepted only when equal to n
+    logit_bias: dict[str, float] | None = None  # token id -> bias; only {} is accepted
     stop: str | list[str] | None = None  # stop strings (excluded from the text)
     stop_token_ids: list[int] | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
@@ -62,6 +63,9 @@ class SamplingFields(BaseModel):
         (as the request spelled it: `renames` maps engine names to request names)."""
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidParamError("best_of", "other than n is not supported")
+        if self.logit_bias:
+            _check_logit_bias(self.logit_bias)
+            raise InvalidParamError("logit_bias", "is not supported (only {} is accepted)")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         values: dict[str, Any] = {
             "n": self.n,
@@ -89,6 +93,15 @@ class SamplingFields(BaseModel):
             if renames and exc.param in renames:
                 raise exc.renamed(renames[exc.param]) from None
             raise
+
+
+def _check_logit_bias(logit_bias: dict[str, float]) -> None:
+    """Keys are token ids (decimal strings within 32 bits), values in [-100, 100]."""
+    for key, value in logit_bias.items():
+        if not key.isdecimal() or int(key) > INT32_MAX:
+            raise InvalidParamError("logit_bias", f"keys must be token ids, not {key[:20]!r}")
+        if not -100.0 <= value <= 100.0:
+            raise InvalidParamError("logit_bias", "values must be in [-100, 100]")
 
 
 class ContentPart(BaseModel):
