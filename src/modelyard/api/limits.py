@@ -6,7 +6,8 @@
   2. nest arrays and objects at most `server.max_json_depth` deep, and hold at most
      `server.max_json_elements` of them and their separated values together;
   3. hold no lone UTF-16 surrogate escape (`"\\ud800"` without its low half): such a string
-     cannot be encoded, so no tokenizer, model or response could carry it.
+     cannot be encoded, so no tokenizer, model or response could carry it;
+  4. hold no NaN or Infinity (Python's parser accepts them; JSON does not).
   The checks read the raw bytes in linear time (regular expressions without backtracking,
   `bytes.translate`, numpy), so no parser recurses into a hostile body; a failure is a 400 in
   the route's envelope. A body over `server.max_body_bytes` passes unread (BodyLimitMiddleware
@@ -53,10 +54,17 @@ def json_body_problem(body: bytes, max_depth: int, max_elements: int) -> str | N
                 f"request body holds a lone UTF-16 surrogate escape (\\u{lone}): strings must "
                 "be valid Unicode"
             )
+    skeleton: bytes | None = None  # the body with every string emptied (made when needed)
+    if b"NaN" in body or b"Infinity" in body:
+        skeleton = _STRING.sub(b'""', body)
+        if b"NaN" in skeleton or b"Infinity" in skeleton:
+            return "request body holds NaN or Infinity, which JSON does not allow"
     containers = body.count(b"[") + body.count(b"{")  # an upper bound (strings included)
     if containers <= max_depth and containers + body.count(b",") <= max_elements:
         return None
-    structure = np.frombuffer(_STRING.sub(b'""', body).translate(None, _NOT_STRUCTURE), np.uint8)
+    if skeleton is None:
+        skeleton = _STRING.sub(b'""', body)
+    structure = np.frombuffer(skeleton.translate(None, _NOT_STRUCTURE), np.uint8)
     opens = (structure == ord("[")) | (structure == ord("{"))
     closes = (structure == ord("]")) | (structure == ord("}"))
     depth = int(np.cumsum(opens.astype(np.int64) - closes).max()) if structure.size else 0

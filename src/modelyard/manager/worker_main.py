@@ -85,9 +85,9 @@ def _accept(conn: Any, backend: Any, batcher: Batcher, message: PredictRequest) 
     except ValueError as exc:
         conn.send(PredictError(request_id=message.request_id, error=str(exc), bad_input=True))
         return
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        conn.send(PredictError(request_id=message.request_id, error=error, bad_input=False))
+    except Exception as exc:  # unforeseen, but preparing one request's items: its input's fault
+        error = f"invalid input: {type(exc).__name__}: {exc}"
+        conn.send(PredictError(request_id=message.request_id, error=error, bad_input=True))
         return
     key = _OPTIONS_ENCODER.encode(message.options).decode()
     batcher.add(

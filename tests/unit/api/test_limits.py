@@ -75,6 +75,16 @@ async def test_lone_surrogates_are_400(client: httpx.AsyncClient, text: bytes, o
         assert "surrogate" in r.json()["error"]["message"]
 
 
+async def test_nan_and_infinity_are_400_but_not_inside_strings(client: httpx.AsyncClient) -> None:
+    for literal in (b"NaN", b"Infinity", b"-Infinity"):
+        body = b'{"model": "m", "prompt": "ab", "temperature": ' + literal + b"}"
+        r = await client.post("/v1/completions", content=body, headers=JSON)
+        assert r.status_code == 400
+        assert "NaN or Infinity" in r.json()["error"]["message"]
+    body = b'{"model": "m", "prompt": "NaN and Infinity", "max_tokens": 3}'
+    assert (await client.post("/v1/completions", content=body, headers=JSON)).status_code == 200
+
+
 async def test_a_body_that_is_not_utf8_is_400(client: httpx.AsyncClient) -> None:
     body = CHAT_PREFIX + b"\xed\xa0\x80" + b'"}]}'  # a surrogate encoded in UTF-8
     r = await client.post("/v1/chat/completions", content=body, headers=JSON)

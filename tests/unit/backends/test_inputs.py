@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,3 +194,29 @@ def test_tensor_values_outside_their_datatype_are_bad_input() -> None:
         to_numpy({"shape": [1], "datatype": "INT8", "data": [1000]})
     with pytest.raises(ValueError, match="too large"):
         to_numpy({"shape": [2**40, 2**40], "datatype": "FP32", "data": []})
+
+
+def test_onnx_tensors_must_fit_the_models_inputs(tmp_path: Path) -> None:
+    """A tensor of the wrong datatype or rank is bad input at preprocess, before it can make
+    the session call of its whole batch fail."""
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    save(model, tmp_path / "relu.onnx")
+    backend = create_backend(
+        ModelSpec(id="t", kind=ModelKind.TENSOR, backend="onnx", source=str(tmp_path / "relu.onnx"))
+    )
+    backend.load()
+    good = {"x": {"shape": [2], "datatype": "FP32", "data": [-1.0, 2.0]}}
+    assert backend.infer([backend.preprocess(good, {})], {})[0]["y"]["data"] == [0.0, 2.0]
+    with pytest.raises(ValueError, match="must be FP32"):
+        backend.preprocess({"x": {**good["x"], "datatype": "FP64"}}, {})
+    with pytest.raises(ValueError, match="shape"):
+        backend.preprocess({"x": {"shape": [1, 2], "datatype": "FP32", "data": [1, 2]}}, {})
