@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import yaml
 from e2e_server import E2E_MODEL, free_port
 
@@ -124,23 +125,34 @@ def start(root: Path, *, gateway: bool = True) -> HardeningServer:
             stderr=subprocess.STDOUT,
         )
     server = HardeningServer(f"http://127.0.0.1:{port}", process, log_path, keys)
+    try:
+        _wait_ready(server)
+    except BaseException:  # a test timeout included: never leave the process behind
+        stop(server)
+        raise
+    return server
+
+
+def _wait_ready(server: HardeningServer) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline and process.poll() is None:
+    while time.monotonic() < deadline and server.process.poll() is None:
         try:
             if httpx.get(f"{server.url}/ready", timeout=2).status_code == 200:
-                return server
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    stop(server)
     raise RuntimeError(f"hardening server did not get ready:\n{server.log()[-4000:]}")
 
 
 def stop(server: HardeningServer) -> None:
+    """SIGTERM, then SIGKILL for the server and its model workers if it does not exit."""
     if server.process.poll() is None:
         server.process.terminate()
         try:
             server.process.wait(30)
         except subprocess.TimeoutExpired:
+            for child in psutil.Process(server.process.pid).children(recursive=True):
+                child.kill()
             server.process.kill()
             server.process.wait()

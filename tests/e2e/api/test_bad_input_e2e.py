@@ -10,7 +10,7 @@ import httpx
 import pytest
 from hardening_server import HardeningServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the server may start here
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 COMPLETION = {"model": "chat", "prompt": "Hi", "max_tokens": 4}

@@ -9,7 +9,7 @@ import pytest
 from fuzz import FuzzReport, Targets, fuzz
 from hardening_server import HardeningServer, start, stop
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # server start
 
 #: Requests per operation and mode (positive, negative): about 400 in all, a minute or two.
 EXAMPLES = 8

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from hardening_server import BATCH_FAIL_TEXT, MAX_N_TOKENS, POISON_TOKEN, HardeningServer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # server start
 
 PROMPTS = [f"List the numbers from {10 * i} to {10 * i + 40}, one per line:" for i in range(4)]
 GREEDY = {"model": "chat", "temperature": 0, "max_tokens": MAX_N_TOKENS, "ignore_eos": True}
