@@ -368,3 +368,21 @@ def test_a_token_id_outside_the_vocabulary_is_refused_before_it_runs() -> None:
         with pytest.raises(ValueError, match="outside"):
             core.add_request(make_request("r", bad, max_tokens=1))
     assert not core.has_unfinished_requests()
+
+
+def test_the_fault_drill_fails_the_step_holding_the_poison_token() -> None:
+    from modelyard.engine.fault_drill import PoisonError, with_poison
+
+    runner = FakeKVRunner(num_kv_blocks=64)
+    assert with_poison(runner, ()) is runner
+    core = make_core(with_poison(runner, [POISON]))  # type: ignore[arg-type]
+    core.add_request(make_request("clean", [30, 31, 32], max_tokens=2))
+    core.add_request(make_request("bad", [30, POISON], max_tokens=2))
+    outputs = [o for _ in range(3) for o in core.step()]
+    errors = {o.request_id: o.error for o in outputs if o.finish_reason == "error"}
+    assert list(errors) == ["bad"]
+    assert PoisonError.__name__ in str(errors["bad"])
+    assert [t for o in outputs if o.request_id == "clean" for t in o.new_token_ids] == [
+        next_token("clean", 3),
+        next_token("clean", 4),
+    ]
