@@ -151,3 +151,18 @@ def test_defaults_are_documented_limits() -> None:
     assert {"max_json_depth", "max_json_elements", "max_n", "max_n_tokens"} <= names
     with pytest.raises(ValueError, match="max_n"):
         ServerConfig(max_n=0)
+
+
+async def test_generate_vllm_meets_the_same_limits(provider: FakeProvider) -> None:
+    class EchoVLLM:
+        async def generate(self, prompts: list[str], params: object) -> list[str]:
+            return list(prompts)
+
+    server = ServerConfig(max_n=4)
+    app = build_app(provider, ModelyardConfig(server=server), vllm=EchoVLLM())
+    async with make_client(app) as client:
+        r = await client.post("/generate_vllm", json={"prompts": ["a"] * 5})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "n"
+        r = await client.post("/generate_vllm", json={"prompts": ["a"] * 4})
+        assert r.json() == {"generated_texts": ["a"] * 4}
