@@ -152,6 +152,30 @@ async def test_jwt_cases(env: Env, tmp_path: Path) -> None:
     assert _openai_error(await env.chat(unknown_tenant), 403)["code"] == "unknown_tenant"
 
 
+async def test_admin_scope_from_keys_tenants_and_jwt_scope_claim(env: Env) -> None:
+    token = env.signer.token
+    cases = {
+        "plain key": (env.key("acme"), 403),
+        "admin key": (env.key("acme", admin=True), 200),
+        "admin tenant": (env.key("ops"), 200),
+        "plain jwt": ({"authorization": f"Bearer {token('acme')}"}, 403),
+        "jwt scope string": (
+            {"authorization": f"Bearer {token('acme', scope='infer admin')}"},
+            200,
+        ),
+        "jwt scope list": ({"authorization": f"Bearer {token('acme', scope=['admin'])}"}, 200),
+        "jwt other scope": (
+            {"authorization": f"Bearer {token('acme', scope='administrator')}"},
+            403,
+        ),
+    }
+    for name, (headers, status) in cases.items():
+        response = await env.client.get("/admin/usage", headers=headers)
+        assert response.status_code == status, name
+        if status == 403:
+            assert _openai_error(response, 403)["code"] == "admin_required"
+
+
 async def test_open_paths_skip_auth(env: Env) -> None:
     assert (await env.client.get("/health")).status_code == 200
     assert (await env.client.get("/v1/models")).status_code == 401
