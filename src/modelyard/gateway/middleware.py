@@ -34,7 +34,6 @@ from modelyard.gateway.ticket import TICKET_SCOPE_KEY, Ticket
 log = logging.getLogger("modelyard.gateway")
 
 GATEWAY_KEY = "modelyard.gateway"  # the Gateway itself (the admin routes read its usage)
-_OPEN = Identity(ANONYMOUS, Quota())
 
 
 class AuthMiddleware:
@@ -66,7 +65,9 @@ class AuthMiddleware:
         usage = scope.get(USAGE_SCOPE_KEY)
         if not isinstance(usage, RequestUsage):
             usage = scope[USAGE_SCOPE_KEY] = RequestUsage()
-        ticket = scope[TICKET_SCOPE_KEY] = Ticket(self.gateway, identity, usage)
+        open_path = scope["path"] in self.open_paths
+        ticket = Ticket(self.gateway, identity, usage, open_path=open_path)
+        scope[TICKET_SCOPE_KEY] = ticket
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -80,8 +81,7 @@ class AuthMiddleware:
 
     async def _identity(self, scope: Scope) -> Identity:
         if scope["path"] in self.open_paths:
-            scope.setdefault(PRINCIPAL_SCOPE_KEY, ANONYMOUS)
-            return _OPEN
+            return Identity(scope.setdefault(PRINCIPAL_SCOPE_KEY, ANONYMOUS), Quota())
         identity = await self.gateway.authenticator.authenticate(dict(scope["headers"]))
         outer = scope.get(PRINCIPAL_SCOPE_KEY)
         if not self.gateway.authenticator.enabled and outer is not None:

@@ -36,6 +36,7 @@ class Ticket:
     route: RouteDecision | None = None  # set by the request path (x-modelyard-route)
     limits: LimitDecision | None = None  # the store's answer (X-RateLimit-*)
     charge: Charge | None = None  # what the store debited; None: nothing to settle
+    open_path: bool = False  # a path in gateway.open_paths: nothing is charged or counted
     admitted: bool = False  # admit() ran and let the request in
     closed: bool = False  # close() ran
 
@@ -51,7 +52,8 @@ class Ticket:
 
     async def admit(self, *, tokens: int = 0, items: int = 0) -> None:
         """Charge one request, one slot and `tokens` / `items` (once); GatewayError 429 / 503."""
-        if self.admitted:
+        if self.admitted or self.open_path:
+            self.admitted = True
             return
         quota = self.identity.quota
         if not quota.unlimited:

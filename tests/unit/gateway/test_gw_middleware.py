@@ -177,8 +177,11 @@ async def test_admin_scope_from_keys_tenants_and_jwt_scope_claim(env: Env) -> No
 
 
 async def test_open_paths_skip_auth(env: Env) -> None:
-    assert (await env.client.get("/health")).status_code == 200
+    for _ in range(3):
+        assert (await env.client.get("/health")).status_code == 200
     assert (await env.client.get("/v1/models")).status_code == 401
+    usage = await env.client.get("/admin/usage", headers=env.key("ops"))
+    assert "anonymous" not in usage.json()["tenants"]  # probes are neither charged nor counted
 
 
 async def test_rpm_limit_429_with_headers_and_metrics(env: Env) -> None:
