@@ -314,8 +314,9 @@ class RequestPath:
             except FALLBACK_ERRORS as exc:
                 await stack.aclose()
                 last_error = exc
-                self.router.report_failure(target)
-                log.info("target %s of %r failed (%s)", target, decision.requested, exc)
+                if not isinstance(exc, ModelNotFoundError):  # client-chosen names: not kept
+                    self.router.report_failure(target)
+                    log.info("target %s of %r failed (%s)", target, decision.requested, exc)
                 continue
             except BaseException:
                 await stack.aclose()
