@@ -58,7 +58,7 @@ def cli_keys(gateway_servers: GatewayServers) -> dict[str, dict[str, str]]:
             "acme": ["--tenant", "acme", "--priority", "4"],
             "limited": ["--tenant", "lim", "--rpm", "5"],
             "admin": ["--tenant", "ops", "--admin"],
-            "doomed": ["--tenant", "acme", "--models", "chat"],
+            "doomed": ["--tenant", "acme", "--models", "chat", "--ipm", "7"],
         },
     )
 
@@ -106,6 +106,8 @@ def test_cli_key_create_use_revoke(
     listing = gateway_servers.cli("list")
     line = next(row for row in listing.stdout.splitlines() if row.startswith(doomed["key_id"]))
     assert "revoked" in line
+    assert "models=chat" in line
+    assert "ipm=7" in line
     assert doomed["key"] not in listing.stdout
 
 
