@@ -35,7 +35,9 @@ from gw_redis import RedisServer
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 from modelyard.manager.catalog import DEFAULT_CATALOG_PATH
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# the first test also starts both servers (the LLM is preloaded): more than the default 300 s
+# on a loaded 2-core machine
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LLM, EMBEDDER, ONNX_EMBEDDER, ZERO_SHOT = (
     "smollm2-135m-instruct",
