@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse
 
 from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
 from modelyard.engine.sampling_params import InvalidParamError
+from modelyard.gateway.errors import GatewayError
 from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
 
 log = logging.getLogger(__name__)
@@ -122,13 +123,12 @@ def api_error_from_exception(exc: BaseException, path: str = "") -> APIError:
     `path` is the request's, for errors whose field depends on the route."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, GatewayError):
+        return _from_gateway(exc)
     if isinstance(exc, ClientDisconnectedError):
         return APIError(499, "client disconnected")
-    if isinstance(exc, PromptTooLongError):
-        param = _PROMPT_PARAM.get(path, "prompt")
-        return APIError(400, str(exc), param=param, code="context_length_exceeded")
-    if isinstance(exc, InvalidParamError):
-        return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, ValueError):
+        return _bad_input(exc, path)
     if isinstance(exc, ModelNotFoundError):
         return APIError(
             404, _message(exc, "model not found"), param="model", code="model_not_found"
@@ -145,10 +145,31 @@ def api_error_from_exception(exc: BaseException, path: str = "") -> APIError:
         return APIError(503, f"engine unavailable: {exc}", code="engine_dead", retry_after_s=5)
     if isinstance(exc, TimeoutError):
         return APIError(504, "request timed out", code="timeout")
-    if isinstance(exc, ValueError):
-        return APIError(400, str(exc), param=param_from_value_error(str(exc)))
     log.exception("unhandled error", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _bad_input(exc: ValueError, path: str) -> APIError:
+    """A 400 naming the field: the route's prompt field for a context overflow."""
+    if isinstance(exc, PromptTooLongError):
+        param = _PROMPT_PARAM.get(path, "prompt")
+        return APIError(400, str(exc), param=param, code="context_length_exceeded")
+    if isinstance(exc, InvalidParamError):
+        return APIError(400, str(exc), param=exc.param)
+    return APIError(400, str(exc), param=param_from_value_error(str(exc)))
+
+
+def _from_gateway(exc: GatewayError) -> APIError:
+    """The request path's refusals (403 allow-list / scope, 429 quota, 503 store down...)."""
+    retry = next((v for k, v in exc.headers if k.lower() == "retry-after"), None)
+    return APIError(
+        exc.status,
+        exc.message,
+        type=exc.err_type,
+        param=exc.param,
+        code=exc.code,
+        retry_after_s=float(retry) if retry is not None else None,
+    )
 
 
 @contextmanager
@@ -219,6 +240,7 @@ def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)
     for exc_type in (
         APIError,
+        GatewayError,
         ClientDisconnectedError,
         PromptTooLongError,
         ModelNotFoundError,

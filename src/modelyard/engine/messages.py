@@ -92,6 +92,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_hits: int = 0  # cumulative prompt tokens found there
     num_preemptions: int = 0  # cumulative
     num_failed_requests: int = 0  # cumulative: requests that made a step fail (failed alone)
+    num_aborted: int = 0  # cumulative: live requests aborted (client gone, closed, timed out)
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs", kw_only=True):

@@ -46,3 +46,22 @@ async def test_documented_error_bodies_match_what_the_server_sends(
     r = await client.post("/v2/models/m/infer", content=b"[" * 100, headers={"x": "y"})
     assert r.status_code == 400
     assert isinstance(r.json()["error"], str)
+
+
+def test_the_routes_documented_as_running_a_model_are_those_marked_so() -> None:
+    """api/openapi.py names them by path; gateway/request_path.py's @runs_model marks them."""
+    from fastapi.routing import APIRoute
+
+    from modelyard.api.openapi import _RUNS_A_MODEL
+    from modelyard.api.routes import embeddings, kserve, openai, predict, textbook, vllm_compat
+
+    routes = [
+        route
+        for module in (embeddings, kserve, openai, predict, textbook, vllm_compat)
+        for route in module.router.routes
+        if isinstance(route, APIRoute)
+    ]
+    marked = {r.path for r in routes if getattr(r.endpoint, "__modelyard_runs_model__", False)}
+    documented = {r.path for r in routes if _RUNS_A_MODEL.match(r.path)}
+    assert "/v1/chat/completions" in marked
+    assert marked == documented
