@@ -65,8 +65,8 @@ def check_infer_request(request: Any) -> None:
         raise ValueError("id must be a string")
     _check_parameters(request.get("parameters"), "parameters")
     inputs = request.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise ValueError("inputs must be a non-empty list of tensors")
+    if not isinstance(inputs, list):
+        raise ValueError("inputs must be a list of tensors")
     for index, tensor in enumerate(inputs):
         _check_input(tensor, f"inputs[{index}]")
     outputs = request.get("outputs", [])

@@ -166,3 +166,11 @@ async def test_generate_vllm_meets_the_same_limits(provider: FakeProvider) -> No
         assert r.json()["error"]["param"] == "n"
         r = await client.post("/generate_vllm", json={"prompts": ["a"] * 4})
         assert r.json() == {"generated_texts": ["a"] * 4}
+
+
+async def test_any_model_name_is_a_404_with_a_valid_route_header(client: httpx.AsyncClient) -> None:
+    for name in ("nopeд", "a\r\nx-injected: 1", "\U000fdc62"):
+        r = await client.post("/v1/completions", json={"model": name, "prompt": "x"})
+        assert r.status_code == 404, r.text
+        assert r.headers["x-modelyard-route"].isascii()
+        assert "x-injected" not in r.headers

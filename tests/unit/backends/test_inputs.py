@@ -134,7 +134,7 @@ def _binary_body(header: bytes, payload: bytes) -> tuple[bytes, str]:
         ),
         (b'{"inputs": [{"name": 3, "shape": [1], "datatype": "FP32", "data": [1]}]}', None, "name"),
         (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}', None, "no data"),
-        (b'{"inputs": {}}', None, "inputs must be a non-empty list"),
+        (b'{"inputs": {}}', None, "inputs must be a list"),
         (
             b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
             b'"outputs": [{"name": 1}]}',
