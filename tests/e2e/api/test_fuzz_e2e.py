@@ -11,8 +11,8 @@ from hardening_server import HardeningServer, start, stop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # server start
 
-#: Requests per operation and mode (positive, negative): about 400 in all, a minute or two.
-EXAMPLES = 8
+#: Requests per operation and mode (positive, negative): about 500 in all, under a minute each.
+EXAMPLES = 10
 TARGETS = Targets(llm="chat", models=("echo-embed", "efficientnet-lite0"))
 
 
