@@ -26,7 +26,12 @@ from starlette.responses import JSONResponse
 from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
 from modelyard.engine.sampling_params import InvalidParamError
 from modelyard.gateway.errors import GatewayError
-from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
+from modelyard.manager.base import (
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+    RequestFailedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +150,16 @@ def api_error_from_exception(exc: BaseException, path: str = "") -> APIError:
         return APIError(503, f"engine unavailable: {exc}", code="engine_dead", retry_after_s=5)
     if isinstance(exc, TimeoutError):
         return APIError(504, "request timed out", code="timeout")
+    if isinstance(exc, RequestFailedError):
+        return request_failed(str(exc))
     log.exception("unhandled error", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def request_failed(error: str) -> APIError:
+    """The model failed on this very request (it passed every check; its batch-mates went on):
+    a 500 that says so, from an engine error output or a worker's failed batch."""
+    return APIError(500, f"request failed: {error}", code="request_failed")
 
 
 def _bad_input(exc: ValueError, path: str) -> APIError:

@@ -21,7 +21,12 @@ from typing import Any
 
 import psutil
 
-from modelyard.manager.base import ModelKind, ModelLoadError, ModelUnavailableError
+from modelyard.manager.base import (
+    ModelKind,
+    ModelLoadError,
+    ModelUnavailableError,
+    RequestFailedError,
+)
 from modelyard.manager.catalog import ModelSpec
 from modelyard.manager.worker_main import worker_main
 from modelyard.manager.worker_messages import (
@@ -177,7 +182,7 @@ class WorkerProcess:
         elif message.bad_input:
             future.set_exception(ValueError(message.error))
         else:
-            future.set_exception(RuntimeError(f"{self.spec.id}: {message.error}"))
+            future.set_exception(RequestFailedError(f"{self.spec.id}: {message.error}"))
 
     def _fail_ready(self, error: Exception) -> None:
         if not self._ready.done():

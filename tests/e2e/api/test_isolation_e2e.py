@@ -124,7 +124,7 @@ async def test_a_request_that_fails_in_the_runner_fails_alone(
     assert plain.status_code == 500
     error = plain.json()["error"]
     assert "this request failed in the engine" in error["message"]
-    assert error["type"] == "internal_server_error"
+    assert (error["type"], error["code"]) == ("internal_server_error", "request_failed")
     assert events[-1] == "data: [DONE]"
     assert "this request failed in the engine" in json.loads(events[-2][6:])["error"]["message"]
     assert texts == baseline  # its batch-mates went on, token for token
@@ -205,6 +205,7 @@ async def test_a_text_that_breaks_its_batch_fails_alone(hardening: HardeningServ
     bad = responses.pop(5)
     assert bad.status_code == 500
     assert "this request failed in the model" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["code"] == "request_failed"
     assert [r.status_code for r in responses] == [200] * 16
     for text, response in zip(texts, responses, strict=True):
         assert response.json()["predictions"] == [[float(len(text)), float(len(text.split()))]]
