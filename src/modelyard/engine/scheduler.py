@@ -154,7 +154,7 @@ class Scheduler:
         )
         self.max_model_len = min(max_model_len, num_blocks * cache_config.block_size)
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.vocab_size = vocab_size  # prompt token ids must be below it (None: not checked)
+        self.vocab_size = vocab_size  # prompt and stop token ids are below it (None: unchecked)
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
