@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from modelyard.backends.base import Backend
 
 if TYPE_CHECKING:
-    from modelyard.manager.catalog import ModelSpec
+    from modelyard.model_spec import ModelSpec
 
 # backend name -> "module:factory"; each factory takes the ModelSpec and returns a Backend.
 BACKENDS: dict[str, str] = {

@@ -26,8 +26,7 @@ from modelyard.backends.base import (
     top_k_option,
 )
 from modelyard.backends.tensors import from_numpy, to_numpy
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class EchoBackend:

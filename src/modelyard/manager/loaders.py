@@ -16,9 +16,10 @@ from typing import Any, Protocol
 import psutil
 
 from modelyard.engine.protocol import LLMClient
-from modelyard.manager.base import ModelKind, ModelLoadError, Predictor
-from modelyard.manager.catalog import ModelSpec, resolve_source
+from modelyard.manager.base import ModelLoadError, Predictor
 from modelyard.manager.worker_process import WorkerProcess
+from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.sources import resolve_source
 
 _MIB = 1024 * 1024
 WORKER_OVERHEAD_BYTES = 300 * _MIB  # a Python worker with torch/onnxruntime imported

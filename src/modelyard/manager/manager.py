@@ -39,7 +39,7 @@ from typing import Any
 
 from modelyard.engine.messages import SchedulerStats
 from modelyard.manager.base import ModelLoadError, ModelUnavailableError
-from modelyard.manager.catalog import Catalog, ModelSpec
+from modelyard.manager.catalog import Catalog
 from modelyard.manager.entries import Entry, ModelLease, State
 from modelyard.manager.loaders import (
     LLMModel,
@@ -48,6 +48,7 @@ from modelyard.manager.loaders import (
     default_budget_bytes,
     estimate_bytes,
 )
+from modelyard.model_spec import ModelSpec
 from modelyard.observability import metrics
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ import msgspec
 import psutil
 
 from modelyard.manager.batcher import Batch, Batcher, PendingRequest
-from modelyard.manager.catalog import ModelSpec
 from modelyard.manager.worker_messages import (
     FromWorker,
     PredictError,
@@ -27,6 +26,7 @@ from modelyard.manager.worker_messages import (
     WorkerFailed,
     WorkerReady,
 )
+from modelyard.model_spec import ModelSpec
 from modelyard.transport.base import Codec
 from modelyard.transport.signals import ignore_group_signals
 from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection

@@ -21,8 +21,7 @@ from typing import Any
 
 import psutil
 
-from modelyard.manager.base import ModelKind, ModelLoadError, ModelUnavailableError
-from modelyard.manager.catalog import ModelSpec
+from modelyard.manager.base import ModelLoadError, ModelUnavailableError
 from modelyard.manager.worker_main import worker_main
 from modelyard.manager.worker_messages import (
     FromWorker,
@@ -34,6 +33,7 @@ from modelyard.manager.worker_messages import (
     WorkerFailed,
     WorkerReady,
 )
+from modelyard.model_spec import ModelKind, ModelSpec
 from modelyard.observability import metrics
 from modelyard.transport.base import Codec
 from modelyard.transport.zmq_ipc import AsyncZmqConnection, new_ipc_addresses

@@ -10,8 +10,7 @@ from modelyard.backends.base import ranked
 from modelyard.backends.inputs import decode_image_input, items_for_kind
 from modelyard.backends.kserve import outputs_to_tensors, parse_infer_body
 from modelyard.backends.tensors import from_numpy, to_numpy
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit
 

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.manager.base import ModelKind, ModelNotFoundError
-from modelyard.manager.catalog import load_catalog, parse_catalog, resolve_source
+from modelyard.manager.base import ModelNotFoundError
+from modelyard.manager.catalog import load_catalog, parse_catalog
+from modelyard.model_spec import ModelKind
+from modelyard.sources import resolve_source
 
 pytestmark = pytest.mark.unit
 

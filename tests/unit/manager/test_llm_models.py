@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from modelyard.engine.messages import SchedulerStats
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import Catalog, ModelSpec
+from modelyard.manager.catalog import Catalog
 from modelyard.manager.loaders import LLMModel, admission_limits_for, engine_config_for
 from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit
 

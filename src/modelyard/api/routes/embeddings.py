@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from modelyard.api.errors import APIError
 from modelyard.backends.inputs import as_list
-from modelyard.manager.base import ModelKind
+from modelyard.model_spec import ModelKind
 
 router = APIRouter()
 

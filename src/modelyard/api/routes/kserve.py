@@ -27,7 +27,7 @@ from modelyard.backends.kserve import (
     outputs_to_tensors,
     parse_infer_body,
 )
-from modelyard.manager.base import ModelKind
+from modelyard.model_spec import ModelKind
 
 router = APIRouter()
 
