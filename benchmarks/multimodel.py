@@ -40,7 +40,7 @@ def _coffee_b64() -> str:
 
 
 def _input_for(kind: str) -> list[Any]:
-    from modelyard.backends.inputs import decode_image_input
+    from modelyard.api.inputs import decode_image_input
 
     if kind == "image-classification":
         return [decode_image_input(_coffee_b64())]

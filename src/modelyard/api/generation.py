@@ -30,7 +30,6 @@ import anyio
 from starlette.requests import Request
 
 from modelyard.api.errors import APIError, ClientDisconnectedError
-from modelyard.api.llm_metrics import RequestTracker
 from modelyard.engine.protocol import (
     EngineDeadError,
     EngineOverloadedError,
@@ -48,6 +47,7 @@ from modelyard.gateway.base import (
     RouteDecision,
 )
 from modelyard.manager.base import ModelUnavailableError
+from modelyard.observability.llm_metrics import RequestTracker
 
 log = logging.getLogger(__name__)
 

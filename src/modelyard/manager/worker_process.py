@@ -22,8 +22,12 @@ from typing import Any
 import psutil
 
 from modelyard.manager.base import ModelLoadError, ModelUnavailableError
-from modelyard.manager.worker_main import worker_main
-from modelyard.manager.worker_messages import (
+from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.observability import metrics
+from modelyard.transport.base import Codec
+from modelyard.transport.zmq_ipc import AsyncZmqConnection, new_ipc_addresses
+from modelyard.workers.main import worker_main
+from modelyard.workers.messages import (
     FromWorker,
     PredictError,
     PredictRequest,
@@ -33,10 +37,6 @@ from modelyard.manager.worker_messages import (
     WorkerFailed,
     WorkerReady,
 )
-from modelyard.model_spec import ModelKind, ModelSpec
-from modelyard.observability import metrics
-from modelyard.transport.base import Codec
-from modelyard.transport.zmq_ipc import AsyncZmqConnection, new_ipc_addresses
 
 _WATCH_INTERVAL_S = 0.1
 _contexts: dict[str, BaseContext] = {}
@@ -49,7 +49,7 @@ def worker_context(start_method: str = "forkserver", preload: tuple[str, ...] = 
     if start_method not in _contexts:
         ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            ctx.set_forkserver_preload(["modelyard.manager.worker_main", *preload])
+            ctx.set_forkserver_preload(["modelyard.workers.main", *preload])
         _contexts[start_method] = ctx
     return _contexts[start_method]
 

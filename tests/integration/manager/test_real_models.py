@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from modelyard.backends.inputs import decode_image_input
+from modelyard.api.inputs import decode_image_input
 from modelyard.manager.catalog import Catalog, load_catalog
 from modelyard.manager.manager import Manager, ManagerConfig
 

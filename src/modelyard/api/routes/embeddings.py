@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from modelyard.api.errors import APIError
-from modelyard.backends.inputs import as_list
+from modelyard.api.inputs import as_list
 from modelyard.model_spec import ModelKind
 
 router = APIRouter()

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 import modelyard
 from modelyard.api.errors import APIError
-from modelyard.backends.kserve import (
+from modelyard.api.kserve_format import (
     default_metadata,
     items_from_request,
     outputs_to_tensors,

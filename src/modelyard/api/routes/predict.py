@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
+from modelyard.api.inputs import items_for_kind
 from modelyard.backends.image import MAX_IMAGE_BYTES
-from modelyard.backends.inputs import items_for_kind
 
 router = APIRouter()
 

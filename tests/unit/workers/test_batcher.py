@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelyard.manager.batcher import Batcher, PendingRequest
+from modelyard.workers.batcher import Batcher, PendingRequest
 
 pytestmark = pytest.mark.unit
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.backends.inputs import TEXT_KINDS, decode_image_input
+from modelyard.api.inputs import TEXT_KINDS, decode_image_input
 from modelyard.backends.tensors import DATATYPES
 from modelyard.model_spec import ModelKind
 

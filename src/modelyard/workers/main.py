@@ -15,8 +15,12 @@ from typing import Any
 import msgspec
 import psutil
 
-from modelyard.manager.batcher import Batch, Batcher, PendingRequest
-from modelyard.manager.worker_messages import (
+from modelyard.model_spec import ModelSpec
+from modelyard.transport.base import Codec
+from modelyard.transport.signals import ignore_group_signals
+from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
+from modelyard.workers.batcher import Batch, Batcher, PendingRequest
+from modelyard.workers.messages import (
     FromWorker,
     PredictError,
     PredictRequest,
@@ -26,10 +30,6 @@ from modelyard.manager.worker_messages import (
     WorkerFailed,
     WorkerReady,
 )
-from modelyard.model_spec import ModelSpec
-from modelyard.transport.base import Codec
-from modelyard.transport.signals import ignore_group_signals
-from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
 
 _IDLE_POLL_S = 0.5  # how often an idle worker checks that its parent lives
 _OPTIONS_ENCODER = msgspec.json.Encoder(order="sorted")
