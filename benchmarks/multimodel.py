@@ -21,8 +21,11 @@ import time
 from typing import Any
 
 from common import machine_info, write_json
+from modelyard.backends import register_backend
 from modelyard.manager.catalog import Catalog, load_catalog, spec_from_dict
 from modelyard.manager.manager import Manager, ManagerConfig
+
+register_backend("echo", "modelyard.backends.echo:EchoBackend")  # the no-op model below
 
 GIB = 1024**3
 COFFEE = None

@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from modelyard.backends import backend_target
 from modelyard.manager.base import ModelLoadError, ModelUnavailableError
 from modelyard.model_spec import ModelKind, ModelSpec
 from modelyard.observability import metrics
@@ -83,13 +84,17 @@ class WorkerProcess:
         """Spawn and wait until the backend loaded; ModelLoadError when it cannot."""
         if spec.kind.is_llm:
             raise ValueError(f"{spec.id}: LLM kinds run in the engine, not a batcher worker")
+        target = backend_target(spec)
         addresses = new_ipc_addresses(prefix=f"modelyard-{spec.id}")
         conn: AsyncZmqConnection[ToWorker, FromWorker] = AsyncZmqConnection(
             addresses, Codec(ToWorker), Codec(FromWorker)
         )
         ctx = worker_context(start_method, preload)
         process = ctx.Process(  # type: ignore[attr-defined]
-            target=worker_main, args=(spec, addresses), name=f"modelyard-{spec.id}", daemon=True
+            target=worker_main,
+            args=(spec, addresses, target),
+            name=f"modelyard-{spec.id}",
+            daemon=True,
         )
         try:
             await asyncio.to_thread(process.start)

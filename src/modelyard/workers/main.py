@@ -35,8 +35,9 @@ _IDLE_POLL_S = 0.5  # how often an idle worker checks that its parent lives
 _OPTIONS_ENCODER = msgspec.json.Encoder(order="sorted")
 
 
-def worker_main(spec: ModelSpec, addresses: IpcAddresses) -> None:
-    """Process entry point (must stay importable at module level for spawn/forkserver)."""
+def worker_main(spec: ModelSpec, addresses: IpcAddresses, backend: str) -> None:
+    """Process entry point (must stay importable at module level for spawn/forkserver);
+    `backend` is the "module:factory" the API process resolved (backends.backend_target)."""
     from modelyard.backends import create_backend
 
     ignore_group_signals()
@@ -44,19 +45,19 @@ def worker_main(spec: ModelSpec, addresses: IpcAddresses) -> None:
         addresses, Codec(FromWorker), Codec(ToWorker)
     )
     try:
-        backend = create_backend(spec)
-        backend.load()
+        model = create_backend(spec, backend)
+        model.load()
         rss = psutil.Process().memory_info().rss
-        conn.send(WorkerReady(pid=os.getpid(), rss_bytes=rss, metadata=backend.metadata()))
+        conn.send(WorkerReady(pid=os.getpid(), rss_bytes=rss, metadata=model.metadata()))
     except Exception as exc:
         conn.send(WorkerFailed(error=f"{type(exc).__name__}: {exc}"))
         time.sleep(0.1)  # let the message leave before the socket closes
         conn.close()
         return
     try:
-        _serve(conn, backend, spec)
+        _serve(conn, model, spec)
     finally:
-        backend.close()
+        model.close()
         conn.close()
 
 
