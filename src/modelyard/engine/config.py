@@ -25,7 +25,6 @@ class ModelConfig:
     auto = native when the architecture is supported."""
     num_threads: int | None = None
     """torch intra-op threads in the worker; None keeps torch's default (all cores)."""
-    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if not self.model:
