@@ -62,7 +62,7 @@ def worker_main(spec: ModelSpec, addresses: IpcAddresses, backend: str) -> None:
 
 
 def _serve(conn: SyncZmqConnection[FromWorker, ToWorker], backend: Any, spec: ModelSpec) -> None:
-    batcher = Batcher(spec.batching.max_batch_size, spec.batching.max_queue_delay_ms / 1000.0)
+    batcher = Batcher(spec.batching)
     parent = os.getppid()
     while True:
         due = batcher.time_until_ready(time.monotonic())
