@@ -4,7 +4,7 @@ assembled in one function, outermost first:
 1. RequestIdMiddleware: accept a sane `X-Request-ID` or make one; echo it on the response;
 2. AccessLogMiddleware, MetricsMiddleware: one log line and the HTTP metrics per request (they
    see gateway rejections too);
-3. the gateway: authentication (Principal into the scope), then quotas (gateway/middleware.py);
+3. the gateway: authentication (Principal and the request's Ticket into the scope; gateway/);
 4. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes.
 """
 
@@ -16,29 +16,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from modelyard.api.errors import APIError
 from modelyard.config import ModelyardConfig
 from modelyard.error_envelopes import send_error_body
+from modelyard.gateway.gateway import Gateway
+from modelyard.gateway.middleware import build_gateway_middleware
 from modelyard.observability.http import MetricsMiddleware
 from modelyard.observability.logging import AccessLogMiddleware
 from modelyard.observability.request_id import RequestIdMiddleware
 
 
-def build_middleware_stack(config: ModelyardConfig) -> list[Middleware]:
+def build_middleware_stack(config: ModelyardConfig, gateway: Gateway) -> list[Middleware]:
     """The middleware list for FastAPI(middleware=...), outermost first."""
     stack = [
         Middleware(RequestIdMiddleware),
         Middleware(AccessLogMiddleware),
         Middleware(MetricsMiddleware),
     ]
-    stack.extend(gateway_middleware(config))
+    # authentication; quotas, routing and usage are the request path's (gateway/request_path.py)
+    stack.extend(build_gateway_middleware(gateway.config, gateway=gateway))
     stack.append(Middleware(BodyLimitMiddleware, max_body_bytes=config.server.max_body_bytes))
     return stack
-
-
-def gateway_middleware(config: ModelyardConfig) -> list[Middleware]:
-    """The gateway's auth and quota middleware, from config.gateway."""
-    from modelyard.gateway.config import GatewayConfig
-    from modelyard.gateway.middleware import build_gateway_middleware
-
-    return build_gateway_middleware(GatewayConfig.from_dict(config.gateway))
 
 
 class BodyLimitMiddleware:

@@ -22,6 +22,7 @@ class GatewayError(Exception):
     code: str  # machine-readable code (OpenAI `code`)
     err_type: str  # OpenAI `type`
     headers: tuple[tuple[str, str], ...] = ()  # extra response headers (Retry-After, ...)
+    param: str | None = None  # the request field to blame (OpenAI `param`)
 
 
 def unauthorized(message: str) -> GatewayError:
@@ -30,8 +31,10 @@ def unauthorized(message: str) -> GatewayError:
     )
 
 
-def forbidden(message: str, code: str = "permission_denied") -> GatewayError:
-    return GatewayError(403, message, code, "permission_error")
+def forbidden(
+    message: str, code: str = "permission_denied", param: str | None = None
+) -> GatewayError:
+    return GatewayError(403, message, code, "permission_error", param=param)
 
 
 def unavailable(message: str) -> GatewayError:
@@ -39,7 +42,7 @@ def unavailable(message: str) -> GatewayError:
 
 
 def error_body(path: str, error: GatewayError) -> bytes:
-    body = envelope(path, error.message, type=error.err_type, code=error.code)
+    body = envelope(path, error.message, type=error.err_type, param=error.param, code=error.code)
     return json.dumps(body).encode()
 
 
@@ -47,5 +50,6 @@ async def send_error(
     scope: Scope, send: Send, error: GatewayError, extra: Iterable[tuple[str, str]] = ()
 ) -> None:
     """Write the whole error response."""
-    body = envelope(scope.get("path", ""), error.message, type=error.err_type, code=error.code)
+    path = scope.get("path", "")
+    body = envelope(path, error.message, type=error.err_type, param=error.param, code=error.code)
     await send_error_body(send, error.status, body, (*error.headers, *extra))

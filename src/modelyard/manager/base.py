@@ -11,7 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from modelyard.engine.protocol import LLMClient
-from modelyard.model_spec import ModelKind
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class ModelNotFoundError(LookupError):
@@ -58,11 +58,20 @@ class Lease(Protocol):
         """The batcher client; raises TypeError for LLM kinds."""
         ...
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """KServe-style tensor metadata `{"inputs": [...], "outputs": [...]}` ({} for LLMs)."""
+        ...
+
 
 class ModelProvider(Protocol):
     def lease(self, name: str) -> AbstractAsyncContextManager[Lease]:
         """Resolve name (id, name or alias), load if needed, and hold the model while in use.
         Raises ModelNotFoundError, ModelLoadError or ModelUnavailableError on entry."""
+        ...
+
+    def spec(self, name: str) -> ModelSpec:
+        """The catalog entry a name (id, name or alias) means; ModelNotFoundError if none."""
         ...
 
     def describe(self) -> dict[str, Any]:
