@@ -23,7 +23,8 @@ from typing import Any
 from common import machine_info, write_json
 from modelyard.backends import register_backend
 from modelyard.manager.catalog import Catalog, load_catalog, spec_from_dict
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.config import ManagerConfig
+from modelyard.manager.manager import Manager
 
 register_backend("echo", "modelyard.backends.echo:EchoBackend")  # the no-op model below
 

@@ -1,13 +1,15 @@
 """What one catalog entry says about a model: its kind, where its weights come from, how it is
 served. A leaf module: the manager (control plane), the backends (inside worker processes) and the
-API routes all read these types, and it imports none of them."""
+API routes all read these types, and it imports none of them (only config_parse)."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from modelyard.config_parse import ConfigError, check_fields, setting
 
 
 class ModelKind(enum.StrEnum):
@@ -28,14 +30,12 @@ class ModelKind(enum.StrEnum):
 class BatchingConfig:
     """Dynamic batching of a non-LLM model's requests inside its worker."""
 
-    max_batch_size: int = 8  # most items joined into one backend call
-    max_queue_delay_ms: float = 5.0  # longest an item waits for others to join its batch
+    max_batch_size: int = setting(8, ge=1)  # most items joined into one backend call
+    # longest an item waits for others to join its batch
+    max_queue_delay_ms: float = setting(5.0, ge=0)
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if self.max_queue_delay_ms < 0:
-            raise ValueError("max_queue_delay_ms must be >= 0")
+        check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,22 +50,21 @@ class ModelSpec:
     source: str = ""  # local folder/file, GGUF file, `package:<pkg>/<file>`, or a model key
     version: str = "1"  # reported by /models and the KServe metadata
     description: str = ""  # free text for /models
-    memory_estimate_bytes: int | None = None  # overrides the estimate from the source's size
+    # overrides the estimate from the source's size
+    memory_estimate_bytes: int | None = setting(None, ge=1)
     pin: bool = False  # never evicted (and loaded at start)
-    keep_alive_s: float | None = None  # unload after this long idle (None = manager default)
-    batching: BatchingConfig = field(default_factory=BatchingConfig)  # dynamic batching
+    # unload after this long idle (None = manager default)
+    keep_alive_s: float | None = setting(None, gt=0)
+    batching: BatchingConfig = setting(factory=BatchingConfig)  # dynamic batching
     preload: bool = False  # load at manager start (the server reports ready after)
-    options: Mapping[str, Any] = field(default_factory=dict)  # backend / engine options
+    options: Mapping[str, Any] = setting(factory=dict)  # backend / engine options
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.id or "/" in self.id or self.id.strip() != self.id:
-            raise ValueError(f"model id must be non-empty, without '/' or spaces: {self.id!r}")
+            raise ConfigError("id", f"must be non-empty, without '/' or spaces: {self.id!r}")
         if not self.name:
             object.__setattr__(self, "name", self.id)
-        if self.memory_estimate_bytes is not None and self.memory_estimate_bytes <= 0:
-            raise ValueError(f"{self.id}: memory_estimate_bytes must be positive")
-        if self.keep_alive_s is not None and self.keep_alive_s <= 0:
-            raise ValueError(f"{self.id}: keep_alive_s must be positive")
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -29,13 +29,13 @@ def resolve_source(source: str) -> Path:
     else:
         path = Path(os.path.expanduser(source))
     if not path.exists():
-        raise FileNotFoundError(f"model source {source!r} does not exist ({path})")
+        raise FileNotFoundError(f"model source {source!r} not found ({path})")
     return path
 
 
 def cache_dir() -> Path:
-    """Where derived artifacts (ONNX exports) are cached: $MODELYARD_CACHE_DIR or
-    ~/.cache/modelyard (the same root as the GGUF conversions)."""
+    """The one folder for derived files (GGUF conversions under `converted/`, ONNX exports):
+    $MODELYARD_CACHE_DIR, by default ~/.cache/modelyard."""
     root = os.environ.get("MODELYARD_CACHE_DIR") or os.path.expanduser("~/.cache/modelyard")
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)

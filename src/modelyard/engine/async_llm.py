@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from modelyard.engine.client import EngineCoreClient, OutputQueue
-from modelyard.engine.config import EngineConfig
+from modelyard.engine.config import AdmissionConfig, EngineConfig
 from modelyard.engine.messages import EngineOutput, EngineReady, SchedulerStats
 from modelyard.engine.output_processor import (
     RequestState,
@@ -50,17 +50,15 @@ class AsyncLLM:
         tokenizer: Tokenizer,
         *,
         model_name: str,
-        max_waiting_requests: int = 256,
-        max_waiting_prompt_tokens: int = 256 * 1024,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         """Wrap a ready client; `start` is the usual way in."""
-        if max_waiting_requests < 1 or max_waiting_prompt_tokens < 1:
-            raise ValueError("max_waiting_requests and max_waiting_prompt_tokens must be >= 1")
+        admission = admission or AdmissionConfig()
         self._client = client
         self._tokenizer = tokenizer
         self._model_name = model_name
-        self._max_waiting_requests = max_waiting_requests
-        self._max_waiting_prompt_tokens = max_waiting_prompt_tokens
+        self._max_waiting_requests = admission.max_waiting_requests
+        self._max_waiting_prompt_tokens = admission.max_waiting_prompt_tokens
         self._waiting_requests = 0
         self._waiting_prompt_tokens = 0
         self._waiting: dict[str, int] = {}  # request id -> prompt tokens, until scheduled
@@ -72,12 +70,11 @@ class AsyncLLM:
         config: EngineConfig,
         *,
         model_name: str,
-        max_waiting_requests: int = 256,
-        max_waiting_prompt_tokens: int = 256 * 1024,
         ready_timeout_s: float = 600.0,
         heartbeat_timeout_s: float = 30.0,
     ) -> AsyncLLM:
-        """Spawn the worker, wait until it is ready, load the tokenizer (in a thread)."""
+        """Start the worker, wait until it is ready, load the tokenizer (in a thread); the
+        waiting queue's limits are config.admission."""
         client = await EngineCoreClient.start(
             config, ready_timeout_s=ready_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s
         )
@@ -90,8 +87,7 @@ class AsyncLLM:
             client,
             tokenizer,
             model_name=model_name,
-            max_waiting_requests=max_waiting_requests,
-            max_waiting_prompt_tokens=max_waiting_prompt_tokens,
+            admission=config.admission,
         )
 
     @property

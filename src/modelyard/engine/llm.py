@@ -14,14 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from modelyard.engine.config import (
-    CacheConfig,
-    Dtype,
-    EngineConfig,
-    Implementation,
-    ModelConfig,
-    SchedulerConfig,
-)
+from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import FinishReason, SchedulerStats
 from modelyard.engine.output_processor import (
     RequestState,
@@ -69,30 +62,15 @@ class GenerationResult:
 
 
 class LLM:
-    """An engine in this process. Options are those of ModelConfig / CacheConfig /
-    SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`)."""
+    """An engine in this process. Options are the fields of ModelConfig / CacheConfig /
+    SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`), read by
+    `EngineConfig.from_options` as a catalog entry's are (ValueError for an unknown one)."""
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        dtype: Dtype = "float32",
-        max_model_len: int | None = None,
-        implementation: Implementation = "auto",
-        num_threads: int | None = None,
-        **engine_options: Any,
-    ) -> None:
+    def __init__(self, model: str, **options: Any) -> None:
         from modelyard.engine.core import EngineCore
         from modelyard.runner.model_runner import ModelRunner
 
-        model_config = ModelConfig(
-            model=model,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            implementation=implementation,
-            num_threads=num_threads,
-        )
-        self.config = EngineConfig(model=model_config, **_split_options(engine_options))
+        self.config = EngineConfig.from_options(model, options)
         self.runner = ModelRunner(self.config.model, self.config.cache)
         self.core = EngineCore(self.config, self.runner)
         self.tokenizer: Tokenizer = load_tokenizer(self.runner.tokenizer_path)
@@ -191,16 +169,3 @@ def _record(result: GenerationResult, update: RequestOutput) -> None:
 
 def _as_prompt(prompt: str | Sequence[int]) -> str | list[int]:
     return prompt if isinstance(prompt, str) else [int(t) for t in prompt]
-
-
-def _split_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Sort flat keyword options into CacheConfig / SchedulerConfig; ValueError on unknown."""
-    cache_fields = set(CacheConfig.__dataclass_fields__)
-    scheduler_fields = set(SchedulerConfig.__dataclass_fields__)
-    unknown = set(options) - cache_fields - scheduler_fields
-    if unknown:
-        raise ValueError(f"unknown engine options: {sorted(unknown)}")
-    return {
-        "cache": CacheConfig(**{k: v for k, v in options.items() if k in cache_fields}),
-        "scheduler": SchedulerConfig(**{k: v for k, v in options.items() if k in scheduler_fields}),
-    }

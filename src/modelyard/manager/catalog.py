@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
+from modelyard.config_parse import from_mapping
 from modelyard.manager.base import ModelNotFoundError
-from modelyard.model_spec import BatchingConfig, ModelKind, ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 DEFAULT_CATALOG_PATH = Path(__file__).with_name("default_catalog.yaml")
 
@@ -84,24 +85,12 @@ class Catalog:
 
 def spec_from_dict(raw: Mapping[str, Any]) -> ModelSpec:
     """One entry of either catalog shape -> ModelSpec (ValueError on a bad entry)."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"a catalog entry is a mapping, not {type(raw).__name__}")
     data = dict(raw)
     if "type" in data or "framework" in data:
         data = _from_textbook(data)
-    unknown = set(data) - set(ModelSpec.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"{data.get('id')!r}: unknown catalog fields {sorted(unknown)}")
-    try:
-        data["kind"] = ModelKind(data.get("kind", ModelKind.TENSOR))
-    except ValueError as exc:
-        raise ValueError(f"{data.get('id')!r}: unknown kind {data.get('kind')!r}") from exc
-    data["aliases"] = tuple(data.get("aliases") or ())
-    data["batching"] = BatchingConfig(**(data.get("batching") or {}))
-    data["options"] = dict(data.get("options") or {})
-    if "id" in data:
-        data["id"] = str(data["id"])
-    if "version" in data:
-        data["version"] = str(data["version"])
-    return ModelSpec(**data)
+    return from_mapping(ModelSpec, data, f"models.{data.get('id')}")
 
 
 def _from_textbook(data: dict[str, Any]) -> dict[str, Any]:

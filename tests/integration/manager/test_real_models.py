@@ -12,7 +12,8 @@ import pytest_asyncio
 
 from modelyard.api.inputs import decode_image_input
 from modelyard.manager.catalog import Catalog, load_catalog
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.config import ManagerConfig
+from modelyard.manager.manager import Manager
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -178,6 +178,6 @@ class MemoryKeys:
 
 def path_app(provider: CatalogProvider, keys: MemoryKeys, gateway: dict[str, Any]) -> Any:
     """The real app (routes, gateway, request path) over the fakes, auth on."""
-    config = ModelyardConfig(gateway=gateway)
-    parts = build_gateway(GatewayConfig.from_dict(gateway), key_store=keys, auth=True)
+    config = ModelyardConfig(gateway=GatewayConfig.from_dict(gateway))
+    parts = build_gateway(config.gateway, key_store=keys, auth=True)
     return build_app(provider, config, gateway=parts)  # type: ignore[arg-type]
