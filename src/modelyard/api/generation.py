@@ -32,7 +32,6 @@ from starlette.requests import Request
 
 from modelyard.api.errors import ClientDisconnectedError
 from modelyard.api.limits import check_generation_limits
-from modelyard.api.llm_metrics import RequestTracker
 from modelyard.engine.protocol import (
     EngineDeadError,
     LLMClient,
@@ -49,6 +48,7 @@ from modelyard.gateway.request_path import (
     principal_of,
     ticket_of,
 )
+from modelyard.observability.llm_metrics import RequestTracker
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import numpy as np
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelyard.api.errors import APIError, error_body_for_path
+from modelyard.api.errors import APIError
 from modelyard.config import ServerConfig
 from modelyard.engine.sampling_params import SamplingParams
 
@@ -139,7 +139,7 @@ class JsonGuardMiddleware:
             problem = await self._problem(_json_part(scope, body))
         if problem is not None:
             error = APIError(400, problem, code="invalid_body")
-            response = JSONResponse(error_body_for_path(scope["path"], error), status_code=400)
+            response = JSONResponse(error.body(scope["path"]), status_code=400)
             await response(scope, receive, send)
             return
 

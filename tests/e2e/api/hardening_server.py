@@ -25,13 +25,12 @@ BATCH_FAIL_TEXT = "poison pill"
 MAX_N_TOKENS = 32
 READY_TIMEOUT_S = 600.0
 
-SERVE = (
+SERVE = (  # echo is a test backend: registered here, never in a production catalog
     "import sys\n"
-    "import modelyard.backends as backends\n"
     "from modelyard.api.cli import serve\n"
+    "from modelyard.backends import register_backend\n"
     "from modelyard.config import load_config\n"
-    "if hasattr(backends, 'register_backend'):\n"  # echo is a test backend, registered here
-    "    backends.register_backend('echo', 'modelyard.backends.echo:EchoBackend')\n"
+    "register_backend('echo', 'modelyard.backends.echo:EchoBackend')\n"
     "sys.exit(serve(load_config(sys.argv[1]), log_level='warning'))\n"
 )
 
