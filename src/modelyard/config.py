@@ -12,6 +12,7 @@ engine:        # EngineDefaults: engine limits applied to every LLM the manager 
   max_num_seqs: 64
 manager: {}    # passed as a mapping to the manager part (its own config parses it)
 gateway: {}    # passed as a mapping to the gateway part (its own config parses it)
+ray: {}        # passed as a mapping to `serve --ray` (scale/config.py parses it)
 ```
 
 Config objects are frozen dataclasses validated with ValueError. Command-line options override
@@ -106,12 +107,13 @@ class ModelyardConfig:
     engine: EngineDefaults = field(default_factory=EngineDefaults)
     manager: Mapping[str, Any] = field(default_factory=_empty)  # parsed by the manager part
     gateway: Mapping[str, Any] = field(default_factory=_empty)  # parsed by the gateway part
+    ray: Mapping[str, Any] = field(default_factory=_empty)  # parsed by scale/config.py
     catalog: str | None = None  # catalog file; None: the embedded default catalog
 
 
 T = TypeVar("T")
 
-_SECTIONS = ("server", "engine", "manager", "gateway", "catalog")
+_SECTIONS = ("server", "engine", "manager", "gateway", "ray", "catalog")
 
 
 def config_from_mapping(data: Mapping[str, Any]) -> ModelyardConfig:
@@ -132,6 +134,7 @@ def config_from_mapping(data: Mapping[str, Any]) -> ModelyardConfig:
         engine=_build(EngineDefaults, _section(data, "engine"), "engine"),
         manager=MappingProxyType(dict(_section(data, "manager"))),
         gateway=MappingProxyType(dict(_section(data, "gateway"))),
+        ray=MappingProxyType(dict(_section(data, "ray"))),
         catalog=catalog,
     )
 

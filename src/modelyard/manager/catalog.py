@@ -67,6 +67,32 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    """Replicas of this model when it runs on Ray Serve (`modelyard serve --ray`); single-node
+    mode ignores it. With `max_replicas` set the deployment autoscales between `min_replicas`
+    and `max_replicas` on ongoing requests per replica; otherwise it runs `num_replicas`."""
+
+    num_replicas: int = 1  # fixed replica count (no autoscaling)
+    min_replicas: int = 1  # autoscaling floor
+    max_replicas: int | None = None  # autoscaling ceiling (None: no autoscaling)
+    target_ongoing_requests: float = 8.0  # autoscaling target per replica
+    upscale_delay_s: float = 30.0  # load must stay above target this long before adding one
+    downscale_delay_s: float = 600.0  # and below it this long before removing one
+    max_ongoing_requests: int = 64  # a replica accepts at most this many requests at once
+    num_cpus: float = 1.0  # CPUs Ray reserves per replica
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1 or self.min_replicas < 0:
+            raise ValueError("scaling: num_replicas must be >= 1 and min_replicas >= 0")
+        if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas):
+            raise ValueError("scaling: max_replicas must be >= min_replicas and >= 1")
+        if self.target_ongoing_requests <= 0 or self.max_ongoing_requests < 1:
+            raise ValueError("scaling: target/max ongoing requests must be positive")
+        if self.num_cpus < 0 or min(self.upscale_delay_s, self.downscale_delay_s) < 0:
+            raise ValueError("scaling: num_cpus and delays must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """One catalog entry."""
 
@@ -84,6 +110,7 @@ class ModelSpec:
     batching: BatchingConfig = field(default_factory=BatchingConfig)  # dynamic batching
     preload: bool = False  # load at manager start (the server reports ready after)
     options: Mapping[str, Any] = field(default_factory=dict)  # backend / engine options
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)  # replicas on Ray Serve
 
     def __post_init__(self) -> None:
         if not self.id or "/" in self.id or self.id.strip() != self.id:
@@ -149,6 +176,10 @@ def spec_from_dict(raw: Mapping[str, Any]) -> ModelSpec:
     data["aliases"] = tuple(data.get("aliases") or ())
     data["batching"] = BatchingConfig(**(data.get("batching") or {}))
     data["options"] = dict(data.get("options") or {})
+    try:
+        data["scaling"] = ScalingConfig(**(data.get("scaling") or {}))
+    except TypeError as exc:
+        raise ValueError(f"{data.get('id')!r}: scaling: {exc}") from exc
     if "id" in data:
         data["id"] = str(data["id"])
     if "version" in data:

@@ -1,0 +1,142 @@
+"""A real local Ray cluster for the e2e tests: a head node and worker nodes, each a separate
+`ray start --block` process on 127.0.0.1 with one CPU, every port picked free, its own temp dir.
+
+Stopping a node = SIGTERM to its `ray start --block` process (which stops that node's raylet and
+workers), then SIGKILL of whatever of its process tree is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from e2e_server import free_port
+
+RAY = str(Path(sys.executable).with_name("ray"))
+#: Metrics reach the export port within ~1 s; a node waits longer for its agents on a busy host.
+RAY_ENV = {
+    "RAY_metrics_report_interval_ms": "1000",
+    "RAY_agent_register_timeout_ms": "180000",
+    "RAY_raylet_start_wait_time_s": "180",
+}
+
+
+@dataclass
+class RayNode:
+    """One `ray start --block` process."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    metrics_port: int
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        procs = self.tree()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+@dataclass
+class RayCluster:
+    """Head + workers; `address` is what `ray start --address` / `ray.init` take."""
+
+    root: Path
+    address: str = ""
+    nodes: list[RayNode] = field(default_factory=list)
+
+    def _start(self, args: list[str], name: str) -> RayNode:
+        metrics_port = free_port()
+        worker_low = free_port()
+        ports = [
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={metrics_port}",
+            f"--min-worker-port={worker_low}",
+            f"--max-worker-port={worker_low + 200}",
+            "--object-store-memory=100000000",
+            "--disable-usage-stats",
+            "--block",
+        ]
+        log_path = self.root / f"{name}.log"
+        env = {**os.environ, **RAY_ENV}
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [RAY, "start", *args, *ports], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        node = RayNode(process, log_path, metrics_port)
+        self.nodes.append(node)
+        return node
+
+    def start_head(self) -> RayNode:
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        head = self._start(
+            [
+                "--head",
+                f"--port={port}",
+                f"--ray-client-server-port={free_port()}",
+                "--include-dashboard=false",
+                f"--temp-dir={self.root / 'ray'}",
+            ],
+            "head",
+        )
+        self._wait_started(head)
+        return head
+
+    def add_worker(self) -> RayNode:
+        node = self._start([f"--address={self.address}"], f"worker{len(self.nodes)}")
+        self._wait_started(node)
+        return node
+
+    def _wait_started(self, node: RayNode, timeout_s: float = 240.0) -> None:
+        """Wait until the node's `ray start` says the runtime started."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if node.process.poll() is not None:
+                raise RuntimeError(f"ray start exited:\n{node.log()}")
+            if "Ray runtime started" in node.log():
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"Ray node not up after {timeout_s} s:\n{node.log()}")
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+
+
+def new_cluster_root() -> Path:
+    """A short temp dir (Ray's socket paths must stay under 107 characters)."""
+    return Path(tempfile.mkdtemp(prefix="myray-", dir="/tmp"))
