@@ -39,8 +39,12 @@ POW2_ROUTER_CLASS = "ray.serve._private.request_router:PowerOfTwoChoicesRequestR
 
 
 class SessionContextMiddleware:
-    """Outermost ASGI layer of the ingress: puts the session header and X-Request-ID of each
-    HTTP request into CALL_CONTEXT for the Ray calls the request makes."""
+    """Outermost ASGI layer of the ingress: puts the session header and the request id of each
+    HTTP request into CALL_CONTEXT for the Ray calls it makes.
+
+    Serve's proxy owns X-Request-ID: it takes the client's (or makes one), propagates it to the
+    replicas and sets the response header. The app below gets the same id as its request header
+    (so its access log and errors use it) and its own copy of the response header is dropped."""
 
     def __init__(self, app: Any, session_header: str) -> None:
         self.app = app
@@ -50,18 +54,40 @@ class SessionContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
-        session = headers.get(self._session)
-        request_id = headers.get(b"x-request-id")
+        headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"x-request-id"]
+        session = dict(headers).get(self._session)
+        request_id = _serve_request_id() or dict(scope.get("headers") or []).get(
+            b"x-request-id", b""
+        ).decode("latin-1")
+        if request_id:
+            headers.append((b"x-request-id", request_id.encode("latin-1")))
         context = CallContext(
             session_id=session.decode("latin-1") if session else None,
-            request_id=request_id.decode("latin-1") if request_id else None,
+            request_id=request_id or None,
         )
+
+        async def send_without_request_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
+                message = {**message, "headers": kept}
+            await send(message)
+
         token = CALL_CONTEXT.set(context)
         try:
-            await self.app(scope, receive, send)
+            await self.app({**scope, "headers": headers}, receive, send_without_request_id)
         finally:
             CALL_CONTEXT.reset(token)
+
+
+def _serve_request_id() -> str | None:
+    """The request id Serve's proxy assigned (the client's X-Request-ID when it sent one)."""
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        request_id = _get_serve_request_context().request_id
+    except Exception:  # outside a Serve request (tests), or a Serve without the context
+        return None
+    return str(request_id) if request_id else None
 
 
 class Ingress:

@@ -1,14 +1,14 @@
 """A real local Ray cluster for the e2e tests: a head node and worker nodes, each a separate
 `ray start --block` process on 127.0.0.1 with one CPU, every port picked free, its own temp dir.
 
-Stopping a node = SIGTERM to its `ray start --block` process (which stops that node's raylet and
-workers), then SIGKILL of whatever of its process tree is left.
+Stopping a node = SIGKILL of its whole process tree (`ray start`, raylet, agents, workers): the
+node leaves the cluster abruptly, as a lost machine would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-
 from e2e_server import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 #: Metrics reach the export port within ~1 s; a node waits longer for its agents on a busy host.
 RAY_ENV = {
+    # Ray would swap 127.0.0.1 for the host's outward address; this keeps every node on loopback
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_metrics_report_interval_ms": "1000",
     "RAY_agent_register_timeout_ms": "180000",
     "RAY_raylet_start_wait_time_s": "180",
@@ -47,21 +48,14 @@ class RayNode:
         except psutil.NoSuchProcess:
             return []
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self) -> None:
+        """SIGKILL the node's whole process tree (raylet, agents, workers): the node is gone."""
         procs = self.tree()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        _, alive = psutil.wait_procs(procs, timeout=5)
-        for proc in alive:
-            try:
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
-            except psutil.NoSuchProcess:
-                pass
+        psutil.wait_procs(procs, timeout=10)
+        self.process.wait(10)
 
 
 @dataclass

