@@ -22,8 +22,6 @@ from e2e_server import free_port
 RAY = str(Path(sys.executable).with_name("ray"))
 #: Metrics reach the export port within ~1 s; a node waits longer for its agents on a busy host.
 RAY_ENV = {
-    # Ray would swap 127.0.0.1 for the host's outward address; this keeps every node on loopback
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_metrics_report_interval_ms": "1000",
     "RAY_agent_register_timeout_ms": "180000",
     "RAY_raylet_start_wait_time_s": "180",
@@ -70,7 +68,7 @@ class RayCluster:
         metrics_port = free_port()
         worker_low = free_port()
         ports = [
-            "--node-ip-address=127.0.0.1",
+            "--node-ip-address=127.0.0.2",
             "--num-cpus=1",
             f"--node-manager-port={free_port()}",
             f"--object-manager-port={free_port()}",
@@ -96,7 +94,9 @@ class RayCluster:
 
     def start_head(self) -> RayNode:
         port = free_port()
-        self.address = f"127.0.0.1:{port}"
+        # 127.0.0.2 (loopback too): Ray swaps "127.0.0.1" and "localhost" in an address for the
+        # host's outward IP, and nothing here may be reached through that
+        self.address = f"127.0.0.2:{port}"
         head = self._start(
             [
                 "--head",
