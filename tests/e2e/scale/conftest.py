@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
-import httpx
 import psutil
 import pytest
-from e2e_server import E2E_MODEL, free_port
-from ray_cluster import RAY_ENV, RayCluster, new_cluster_root
+from e2e_server import E2E_MODEL
+from ray_cluster import RayCluster, RayServe, new_cluster_root, start_serve
 
 pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
 
@@ -54,54 +47,13 @@ server: {request_timeout_s: 120}
 """
 
 
-@dataclass
-class RayServe:
-    """A `modelyard serve --ray` process and its URL."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def start_serve(cluster: RayCluster, scaling: str, *, with_pool: bool = True) -> RayServe:
-    """Write the catalog, start `modelyard serve --ray --address`, wait for /ready."""
-    catalog = cluster.root / f"catalog-{time.monotonic_ns()}.yaml"
+def start_app(cluster: RayCluster, scaling: str, *, with_pool: bool = True) -> RayServe:
+    """`modelyard serve --ray` on the cluster with the e2e catalog (pytest.fail if it fails)."""
     entries = LLM_ENTRY.replace("{SCALING}", scaling) + (POOL_ENTRIES if with_pool else "")
-    catalog.write_text("models:" + entries)
-    config = cluster.root / "config.yaml"
-    config.write_text(CONFIG)
-    port = free_port()
-    args = [sys.executable, "-m", "modelyard.cli", "serve", "--ray", "--address", cluster.address]
-    args += ["--port", str(port), "--catalog", str(catalog), "--config", str(config)]
-    log_path = cluster.root / f"serve-{port}.log"
-    env = {**os.environ, **RAY_ENV, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    serve = RayServe(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"modelyard serve --ray exited:\n{serve.log()}")
-        try:
-            if httpx.get(serve.url + "/ready", timeout=5).status_code == 200:
-                return serve
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    serve.stop()
-    pytest.fail(f"not ready after {READY_TIMEOUT_S} s:\n{serve.log()}")
+    try:
+        return start_serve(cluster, "models:" + entries, CONFIG, READY_TIMEOUT_S)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def replica_processes(deployment: str) -> list[psutil.Process]:
@@ -139,7 +91,7 @@ def cluster() -> Iterator[RayCluster]:
 
 @pytest.fixture(scope="module")
 def ray_serve(cluster: RayCluster) -> Iterator[RayServe]:
-    serve = start_serve(cluster, FIXED)
+    serve = start_app(cluster, FIXED)
     try:
         yield serve
     finally:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psutil
 from e2e_server import free_port
 
@@ -129,6 +130,59 @@ class RayCluster:
     def stop(self) -> None:
         for node in reversed(self.nodes):
             node.stop()
+
+
+@dataclass
+class RayServe:
+    """A `modelyard serve --ray` process and its URL."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_serve(
+    cluster: RayCluster, catalog: str, config: str, timeout_s: float = 420.0
+) -> RayServe:
+    """Write the catalog and config, start `modelyard serve --ray --address`, wait for /ready
+    (RuntimeError with the log if it exits or is not ready in time)."""
+    stamp = time.monotonic_ns()
+    catalog_path = cluster.root / f"catalog-{stamp}.yaml"
+    catalog_path.write_text(catalog)
+    config_path = cluster.root / f"config-{stamp}.yaml"
+    config_path.write_text(config)
+    port = free_port()
+    args = [sys.executable, "-m", "modelyard.cli", "serve", "--ray", "--address", cluster.address]
+    args += ["--port", str(port), "--catalog", str(catalog_path), "--config", str(config_path)]
+    log_path = cluster.root / f"serve-{port}.log"
+    env = {**os.environ, **RAY_ENV, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    serve = RayServe(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"modelyard serve --ray exited:\n{serve.log()}")
+        try:
+            if httpx.get(serve.url + "/ready", timeout=5).status_code == 200:
+                return serve
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    serve.stop()
+    raise RuntimeError(f"not ready after {timeout_s} s:\n{serve.log()}")
 
 
 def new_cluster_root() -> Path:

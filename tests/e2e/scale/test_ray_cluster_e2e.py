@@ -21,14 +21,13 @@ import openai
 import psutil
 import pytest
 from e2e_server import E2E_MODEL
-from ray_cluster import RayCluster
+from ray_cluster import RayCluster, RayServe
 
 from conftest import (
     AUTOSCALED,
-    RayServe,
     engine_of,
     replica_processes,
-    start_serve,
+    start_app,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -215,7 +214,7 @@ def test_a_node_leaves_and_the_app_keeps_serving(cluster: RayCluster, ray_serve:
 def test_autoscaling_one_to_two_and_back(cluster: RayCluster, ray_serve: RayServe) -> None:
     ray_serve.stop()
     cluster.add_worker()
-    serve = start_serve(cluster, AUTOSCALED, with_pool=False)
+    serve = start_app(cluster, AUTOSCALED, with_pool=False)
     try:
         deadline = time.monotonic() + 60
         while len(replica_processes(LLM)) != 1 and time.monotonic() < deadline:
