@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -67,7 +68,8 @@ class RayCluster:
 
     def _start(self, args: list[str], name: str) -> RayNode:
         metrics_port = free_port()
-        worker_low = free_port()
+        # workers' ports below the ephemeral range free_port() draws from: no overlap with them
+        worker_low = random.randrange(20_000, 29_800)
         ports = [
             "--node-ip-address=127.0.0.2",
             "--num-cpus=1",
@@ -78,7 +80,7 @@ class RayCluster:
             f"--runtime-env-agent-port={free_port()}",
             f"--metrics-export-port={metrics_port}",
             f"--min-worker-port={worker_low}",
-            f"--max-worker-port={worker_low + 200}",
+            f"--max-worker-port={worker_low + 100}",
             "--object-store-memory=100000000",
             "--disable-usage-stats",
             "--block",
@@ -104,6 +106,7 @@ class RayCluster:
                 f"--port={port}",
                 f"--ray-client-server-port={free_port()}",
                 "--include-dashboard=false",
+                f"--dashboard-port={free_port()}",
                 f"--temp-dir={self.root / 'ray'}",
             ],
             "head",
