@@ -199,6 +199,25 @@ def run_router(
     }
 
 
+def host() -> dict[str, Any]:
+    """CPU model and the SIMD flags that matter here, versions, load before the run."""
+    import os
+
+    import ray
+
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"^model name\s*: (.*)$", cpuinfo, re.M)
+    flags = re.search(r"^flags\s*: (.*)$", cpuinfo, re.M)
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {
+        **machine_info(),
+        "cpu_model": model.group(1) if model else None,
+        "cpu_flags": [f for f in (flags.group(1).split() if flags else []) if f in wanted],
+        "ray": ray.__version__,
+        "loadavg_before": os.getloadavg(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=96)
@@ -224,7 +243,7 @@ def main() -> None:
         "benchmark": "ray_routing",
         "command": " ".join(sys.argv),
         "settings": vars(args),
-        "machine": machine_info(),
+        "machine": host(),
         "runs": runs,
         "ratios_prefix_over_pow2": {k: round(v, 3) for k, v in ratios.items()},
         "targets_met": ratios["engine_hit_rate"] >= 2.0 and ratios["ttft_p50"] <= 0.6,

@@ -139,8 +139,6 @@ class RayLLMClient:
             async for output in stream:
                 finished = output.finished
                 yield output
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             raise local_error(exc, llm=True) from exc
         finally:

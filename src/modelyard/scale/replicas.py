@@ -3,9 +3,8 @@
 - `LLMServer`: one replica = one engine worker. It starts an `AsyncLLM` (the same engine worker
   process as single-node mode) and streams `RequestOutput`s for `LLMCall`s. Serve calls
   `check_health` (the engine worker must be alive: a dead one fails the check and Serve replaces
-  the replica) and `record_routing_stats` (the engine's queue and prefix-cache counters, for the
-  request router). A small loop exports the engine's stats through Ray's metrics export, tagged
-  by deployment and replica.
+  the replica). A small loop exports the engine's stats through Ray's metrics export, tagged by
+  deployment and replica.
 - `ModelPool`: the non-LLM models, multiplexed by model id (`@serve.multiplexed`, wired at init
   because the per-replica model count comes from the config). Each replica keeps today's
   byte-budget manager: Ray's multiplexer decides which replica holds a model id (and evicts by
@@ -82,16 +81,6 @@ class LLMServer:
     def check_health(self) -> None:
         if not self._llm.is_alive:
             raise RuntimeError(f"the engine worker of {self._spec.id} is dead")
-
-    def record_routing_stats(self) -> dict[str, Any]:
-        stats = self._llm.stats()
-        return {
-            "num_waiting": self._llm.num_waiting() + stats.num_waiting,
-            "num_running": stats.num_running,
-            "kv_cache_usage": stats.kv_cache_usage,
-            "prefix_cache_queries": stats.prefix_cache_queries,
-            "prefix_cache_hits": stats.prefix_cache_hits,
-        }
 
     async def __del__(self) -> None:
         self._exporter.cancel()
@@ -185,10 +174,6 @@ class ModelPool:
 
     async def unload(self) -> None:
         await self._manager.unload(serve.get_multiplexed_model_id())
-
-    def describe(self) -> dict[str, Any]:
-        described: dict[str, Any] = self._manager.describe()
-        return described
 
     async def __del__(self) -> None:
         await self._manager.close()
