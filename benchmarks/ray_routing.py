@@ -25,6 +25,7 @@ import asyncio
 import json
 import random
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -233,6 +234,7 @@ def main() -> None:
         ]
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
     pow2, prefix = runs
     ratios = {
         "engine_hit_rate": (prefix["engine_hit_rate"] or 0)

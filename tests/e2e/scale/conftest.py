@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import psutil
@@ -87,6 +88,7 @@ def cluster() -> Iterator[RayCluster]:
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
