@@ -138,15 +138,16 @@ def test_request_id_is_carried_to_the_replica(cluster: RayCluster, ray_serve: Ra
     pytest.fail("the LLM replica's log never mentioned the request id")
 
 
-async def _load(url: str, count: int, max_tokens: int = 96) -> list[httpx.Response]:
-    async with httpx.AsyncClient(timeout=120) as client:
-        body = {"model": "smollm2", "max_tokens": max_tokens, "ignore_eos": True}
-        return await asyncio.gather(
-            *(
-                client.post(f"{url}/v1/completions", json={**body, "prompt": f"Tale {i}:"})
-                for i in range(count)
-            )
-        )
+async def _load(url: str, count: int, max_tokens: int = 300) -> list[tuple[httpx.Response, float]]:
+    """`count` concurrent completions; each response with the monotonic time it ended."""
+    body = {"model": "smollm2", "max_tokens": max_tokens, "ignore_eos": True}
+
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[httpx.Response, float]:
+        response = await client.post(f"{url}/v1/completions", json={**body, "prompt": f"Tale {i}:"})
+        return response, time.monotonic()
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        return await asyncio.gather(*(one(client, i) for i in range(count)))
 
 
 def _busiest_engine() -> tuple[psutil.Process, psutil.Process]:
@@ -158,14 +159,18 @@ def _busiest_engine() -> tuple[psutil.Process, psutil.Process]:
     return max(zip(pairs, after, before, strict=True), key=lambda x: x[1] - x[2])[0]
 
 
-def _assert_fail_fast_then_recover(url: str, responses: list[httpx.Response], took: float) -> None:
+def _assert_fail_fast_then_recover(
+    url: str, done: list[tuple[httpx.Response, float]], killed_at: float
+) -> None:
+    responses = [r for r, _ in done]
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 503}, [(r.status_code, r.text[:200]) for r in responses]
-    failed = [r for r in responses if r.status_code == 503]
+    failed = [(r, t) for r, t in done if r.status_code == 503]
     assert failed, statuses  # the victim had requests in flight
-    assert all("unavailable" in r.text or "dead" in r.text for r in failed), failed[0].text
-    assert all(r.headers.get("retry-after") for r in failed)
-    assert took < 110  # nothing hung until the client's timeout
+    for response, ended in failed:
+        assert "unavailable" in response.text or "dead" in response.text, response.text
+        assert response.headers.get("retry-after")
+        assert ended - killed_at < 30  # failed fast, not at a timeout
     deadline = time.monotonic() + 180
     while len(replica_processes(LLM)) < 2 and time.monotonic() < deadline:
         time.sleep(1)
@@ -177,15 +182,13 @@ def _assert_fail_fast_then_recover(url: str, responses: list[httpx.Response], to
 
 
 async def _kill_mid_load(url: str, kill: str) -> None:
-    started = time.monotonic()
     load = asyncio.create_task(_load(url, 6))
     await asyncio.sleep(3.0)
     replica, engine = await asyncio.to_thread(_busiest_engine)
     os.kill((engine if kill == "engine" else replica).pid, signal.SIGKILL)
-    responses = await load
-    await asyncio.to_thread(
-        _assert_fail_fast_then_recover, url, responses, time.monotonic() - started
-    )
+    killed_at = time.monotonic()
+    done = await load
+    await asyncio.to_thread(_assert_fail_fast_then_recover, url, done, killed_at)
 
 
 async def test_engine_worker_killed_mid_load(ray_serve: RayServe) -> None:
