@@ -198,7 +198,8 @@ def app_builder(args: Mapping[str, str]) -> Application:
 
 
 def serve_on_ray(config: ModelyardConfig, catalog: Catalog, *, address: str | None) -> int:
-    """Run the application on a Ray cluster until SIGTERM/SIGINT; then delete it."""
+    """Run the application on a Ray cluster until SIGTERM/SIGINT; then delete it (and stop
+    Serve too when this process started it and no other application is left)."""
     import ray
 
     ray_config = RayConfig.from_mapping(config.ray)
@@ -209,6 +210,9 @@ def serve_on_ray(config: ModelyardConfig, catalog: Catalog, *, address: str | No
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        started_serve = not _serve_running()
+        if not started_serve:
+            print("Serve already runs on this cluster: its HTTP host and port stay", flush=True)
         serve.start(http_options={"host": config.server.host, "port": config.server.port})
         serve.run(
             build_ray_app(config, catalog),
@@ -220,9 +224,23 @@ def serve_on_ray(config: ModelyardConfig, catalog: Catalog, *, address: str | No
         print(f"modelyard on Ray Serve: {url} (ready: {url}/ready)", flush=True)
         stop.wait()
         serve.delete(ray_config.app_name)
+        if started_serve and not serve.status().applications:
+            serve.shutdown()  # type: ignore[no-untyped-call]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         ray.shutdown()
     print("modelyard stopped", flush=True)
     return 0
+
+
+def _serve_running() -> bool:
+    """Whether Serve's controller already runs on the cluster."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True

@@ -174,17 +174,25 @@ def start_serve(
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
     serve = RayServe(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        _wait_ready(serve, timeout_s)
+    except BaseException:
+        serve.stop()
+        raise
+    return serve
+
+
+def _wait_ready(serve: RayServe, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if serve.process.poll() is not None:
             raise RuntimeError(f"modelyard serve --ray exited:\n{serve.log()}")
         try:
             if httpx.get(serve.url + "/ready", timeout=5).status_code == 200:
-                return serve
+                return
         except httpx.HTTPError:
             pass
         time.sleep(1.0)
-    serve.stop()
     raise RuntimeError(f"not ready after {timeout_s} s:\n{serve.log()}")
 
 
