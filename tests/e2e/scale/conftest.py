@@ -10,8 +10,6 @@ import pytest
 from e2e_server import E2E_MODEL
 from ray_cluster import RayCluster, RayServe, new_cluster_root, start_serve
 
-pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
-
 READY_TIMEOUT_S = 420.0
 APP = "modelyard"
 

@@ -30,6 +30,8 @@ from conftest import (
     start_app,
 )
 
+pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LLM = f"llm-{E2E_MODEL}"
