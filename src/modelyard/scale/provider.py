@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from modelyard.engine.async_llm import check_prompt_length
 from modelyard.engine.messages import SchedulerStats
@@ -61,6 +61,14 @@ _PASS_THROUGH = (
     ValueError,
     TypeError,
 )
+
+
+def reraise_local(exc: Exception, *, llm: bool) -> NoReturn:
+    """Raise `local_error(exc)` (chained to `exc` when it is another exception)."""
+    error = local_error(exc, llm=llm)
+    if error is exc:
+        raise exc
+    raise error from exc
 
 
 def local_error(exc: BaseException, *, llm: bool) -> BaseException:
@@ -140,7 +148,7 @@ class RayLLMClient:
                 finished = output.finished
                 yield output
         except Exception as exc:
-            raise local_error(exc, llm=True) from exc
+            reraise_local(exc, llm=True)
         finally:
             self._live.pop(request_id, None)
             if not finished:
@@ -179,13 +187,13 @@ class RayPredictor:
         try:
             return await self._pool.predict.remote(inputs, options)
         except Exception as exc:
-            raise local_error(exc, llm=False) from exc
+            reraise_local(exc, llm=False)
 
     async def call(self, method: str) -> Any:
         try:
             return await getattr(self._pool, method).remote()
         except Exception as exc:
-            raise local_error(exc, llm=False) from exc
+            reraise_local(exc, llm=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +243,7 @@ class RayProvider:
             try:
                 info = await handle.describe.remote()
             except Exception as exc:
-                raise local_error(exc, llm=True) from exc
+                reraise_local(exc, llm=True)
             self._llms[model_id] = RayLLMClient(handle, info)
         self.ready = True
 
