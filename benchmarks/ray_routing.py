@@ -225,6 +225,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1.0, help="arrivals per second (Poisson)")
     parser.add_argument("--kv-cache-mib", type=int, default=240)
     args = parser.parse_args()
+    machine = host()  # before the runs: the load the cluster starts into
     cluster = RayCluster(new_cluster_root())
     try:
         cluster.start_head()
@@ -245,7 +246,7 @@ def main() -> None:
         "benchmark": "ray_routing",
         "command": " ".join(sys.argv),
         "settings": vars(args),
-        "machine": host(),
+        "machine": machine,
         "runs": runs,
         "ratios_prefix_over_pow2": {k: round(v, 3) for k, v in ratios.items()},
         "targets_met": ratios["engine_hit_rate"] >= 2.0 and ratios["ttft_p50"] <= 0.6,
