@@ -10,7 +10,7 @@ Reported per router: the engines' prefix-cache hit rate (prompt tokens found / l
 over both replicas from Ray's metrics export, as a delta over the run), the same rate from the
 responses' `cached_tokens`, TTFT p50/p90, errors; then the ratios prefix/pow2.
 
-    flock /work/bench.lock python benchmarks/ray_routing.py [--requests 96] [--rate 1.0]
+    python benchmarks/ray_routing.py [--requests 96] [--rate 1.0]
         [--kv-cache-mib 240]
 
 The KV cache per replica is sized (default 240 MiB, ~5,200 tokens) to hold about 5 of the 8
