@@ -20,12 +20,10 @@ The per-replica byte budget of the pool is the `manager:` section, as in single-
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
-ROUTERS = ("prefix", "pow2")
+from modelyard.config_parse import ConfigError, check_fields, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,37 +31,21 @@ class RayConfig:
     """How the catalog is laid out on Ray Serve (see the module docstring)."""
 
     app_name: str = "modelyard"  # Serve application name
-    ingress_replicas: int = 1  # replicas of the ingress deployment
-    ingress_num_cpus: float = 0.0  # CPUs reserved per ingress replica
-    pool_replicas: int = 1  # replicas of the non-LLM pool
-    pool_max_models: int = 4  # models per pool replica (Ray's LRU by count)
-    pool_num_cpus: float = 0.0  # CPUs reserved per pool replica
-    router: str = "prefix"  # prefix | pow2
-    prefix_table_size: int = 8192  # entries of the block-hash -> replica table
-    max_prefix_blocks: int = 128  # leading blocks hashed per prompt
-    max_queue_gap: int = 4  # load guard: queue(preferred) - queue(least loaded) allowed
+    ingress_replicas: int = setting(1, ge=1)  # replicas of the ingress deployment
+    ingress_num_cpus: float = setting(0.0, ge=0)  # CPUs reserved per ingress replica
+    pool_replicas: int = setting(1, ge=1)  # replicas of the non-LLM pool
+    pool_max_models: int = setting(4, ge=1)  # models per pool replica (Ray's LRU by count)
+    pool_num_cpus: float = setting(0.0, ge=0)  # CPUs reserved per pool replica
+    router: Literal["prefix", "pow2"] = "prefix"  # how LLM replicas are picked
+    prefix_table_size: int = setting(8192, ge=1)  # entries of the block-hash -> replica table
+    max_prefix_blocks: int = setting(128, ge=1)  # leading blocks hashed per prompt
+    # load guard: how much longer the preferred replica's queue may be than the shortest
+    max_queue_gap: int = setting(4, ge=0)
     session_header: str = "x-session-id"  # the stickiness header
-    health_check_period_s: float = 2.0  # Serve health checks of every replica
-    graceful_shutdown_timeout_s: float = 30.0  # a stopping replica drains this long
+    health_check_period_s: float = setting(2.0, gt=0)  # Serve health checks of every replica
+    graceful_shutdown_timeout_s: float = setting(30.0, ge=0)  # a stopping replica drains this long
 
     def __post_init__(self) -> None:
-        if self.router not in ROUTERS:
-            raise ValueError(f"ray.router must be one of {ROUTERS}, got {self.router!r}")
-        counts = (self.ingress_replicas, self.pool_replicas, self.pool_max_models)
-        if min(counts) < 1:
-            raise ValueError("ray: replica and model counts must be >= 1")
-        if self.prefix_table_size < 1 or self.max_prefix_blocks < 1 or self.max_queue_gap < 0:
-            raise ValueError("ray: prefix_table_size, max_prefix_blocks >= 1, max_queue_gap >= 0")
-        if min(self.ingress_num_cpus, self.pool_num_cpus) < 0:
-            raise ValueError("ray: num_cpus must be >= 0")
-        if self.health_check_period_s <= 0 or not self.session_header:
-            raise ValueError("ray: health_check_period_s > 0 and a session_header are required")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> RayConfig:
-        """The `ray:` section -> RayConfig (ValueError on unknown keys or bad values)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown key(s) in ray: {sorted(unknown)}")
-        return cls(**dict(data))
+        check_fields(self)
+        if not self.session_header or not self.app_name:
+            raise ConfigError("session_header", "app_name and session_header must not be empty")

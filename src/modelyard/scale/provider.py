@@ -20,8 +20,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
-from modelyard.engine.async_llm import check_prompt_length
 from modelyard.engine.messages import SchedulerStats
+from modelyard.engine.output_processor import check_prompt_length
 from modelyard.engine.protocol import (
     EngineDeadError,
     EngineOverloadedError,
@@ -30,13 +30,9 @@ from modelyard.engine.protocol import (
     Tokenizer,
 )
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.manager.base import (
-    ModelKind,
-    ModelLoadError,
-    ModelNotFoundError,
-    ModelUnavailableError,
-)
-from modelyard.manager.catalog import Catalog, ModelSpec
+from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
+from modelyard.manager.catalog import Catalog
+from modelyard.model_spec import ModelKind, ModelSpec
 from modelyard.scale.messages import LLMCall, LLMReplicaInfo
 
 

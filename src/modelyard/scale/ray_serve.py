@@ -29,7 +29,8 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
 from modelyard.config import ModelyardConfig, load_config
-from modelyard.manager.catalog import Catalog, ModelSpec
+from modelyard.manager.catalog import Catalog
+from modelyard.model_spec import ModelSpec
 from modelyard.scale.config import RayConfig
 from modelyard.scale.provider import CALL_CONTEXT, CallContext, RayProvider
 from modelyard.scale.replicas import LLMServer, ModelPool
@@ -108,7 +109,7 @@ class Ingress:
     def __serve_build_asgi_app__(self) -> Any:
         from modelyard.api.app import build_app
 
-        ray_config = RayConfig.from_mapping(self._config.ray)
+        ray_config = self._config.ray
         provider = RayProvider(Catalog(self._specs), self._llm_handles, self._pool)
         app = build_app(provider, self._config, startup=provider.start)
         return SessionContextMiddleware(app, ray_config.session_header)
@@ -157,7 +158,7 @@ def llm_deployment(spec: ModelSpec, ray_config: RayConfig) -> Deployment:
 
 def build_ray_app(config: ModelyardConfig, catalog: Catalog) -> Application:
     """The application: ingress -> one deployment per LLM + the multiplexed pool."""
-    ray_config = RayConfig.from_mapping(config.ray)
+    ray_config = config.ray
     specs = list(catalog)
     llms = {
         spec.id: llm_deployment(spec, ray_config).bind(spec) for spec in specs if spec.kind.is_llm
@@ -173,7 +174,7 @@ def build_ray_app(config: ModelyardConfig, catalog: Catalog) -> Application:
                 ray_actor_options={"num_cpus": ray_config.pool_num_cpus},
                 health_check_period_s=ray_config.health_check_period_s,
             )
-            .bind(others, dict(config.manager), ray_config.pool_max_models)
+            .bind(others, config.manager, ray_config.pool_max_models)
         )
     ingress = _deployment(serve.ingress()(Ingress)).options(
         name="ingress",
@@ -202,7 +203,7 @@ def serve_on_ray(config: ModelyardConfig, catalog: Catalog, *, address: str | No
     Serve too when this process started it and no other application is left)."""
     import ray
 
-    ray_config = RayConfig.from_mapping(config.ray)
+    ray_config = config.ray
     if address is None:  # a new local cluster, on loopback
         ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import ray
@@ -26,9 +26,11 @@ from ray.serve import metrics as serve_metrics
 from modelyard.engine.async_llm import AsyncLLM
 from modelyard.engine.messages import SchedulerStats
 from modelyard.engine.protocol import RequestOutput
-from modelyard.manager.catalog import Catalog, ModelSpec
-from modelyard.manager.loaders import admission_limits_for, engine_config_for
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.catalog import Catalog
+from modelyard.manager.config import ManagerConfig
+from modelyard.manager.loaders import engine_config_for
+from modelyard.manager.manager import Manager
+from modelyard.model_spec import ModelSpec
 from modelyard.scale.messages import LLMCall, LLMReplicaInfo
 
 log = logging.getLogger("modelyard.scale")
@@ -46,9 +48,7 @@ class LLMServer:
 
     async def __init__(self, spec: ModelSpec) -> None:  # type: ignore[misc]  # Serve awaits it
         self._spec = spec
-        self._llm = await AsyncLLM.start(
-            engine_config_for(spec), model_name=spec.id, **admission_limits_for(spec)
-        )
+        self._llm = await AsyncLLM.start(engine_config_for(spec), model_name=spec.id)
         self._exporter = asyncio.create_task(_export_engine_stats(spec.id, self._llm.stats))
         log.info("replica %s of %s ready (engine pid %s)", _replica_id(), spec.id, self._llm.pid)
 
@@ -141,9 +141,9 @@ class ModelPool:
     """The multiplexed deployment of the non-LLM models (see the module docstring)."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits it
-        self, specs: list[ModelSpec], manager_options: Mapping[str, Any], max_models: int
+        self, specs: list[ModelSpec], manager_config: ManagerConfig, max_models: int
     ) -> None:
-        self._manager = Manager(Catalog(specs), ManagerConfig(**dict(manager_options)))
+        self._manager = Manager(Catalog(specs), manager_config)
         await self._manager.start()
 
         async def load(model_id: str) -> _PooledModel:

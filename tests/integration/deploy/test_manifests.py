@@ -88,7 +88,6 @@ def test_rayservice_runs_our_app_builder() -> None:
 
     from modelyard.config import config_from_mapping
     from modelyard.manager.catalog import parse_catalog
-    from modelyard.scale.config import RayConfig
 
     docs = render("overlays/ray")
     service = _by_kind(docs, "RayService")
@@ -101,7 +100,7 @@ def test_rayservice_runs_our_app_builder() -> None:
     mounted = {f"/etc/modelyard/{name}" for name in files}
     assert set(app.args.values()) <= mounted
     config = config_from_mapping(yaml.safe_load(files["config.yaml"]))  # valid for the server
-    RayConfig.from_mapping(config.ray)
+    assert config.ray.router == "prefix"
     catalog = parse_catalog(yaml.safe_load(files["catalog.yaml"]))
     assert any(spec.scaling.max_replicas for spec in catalog)
 

@@ -22,7 +22,7 @@ def test_scaling_from_the_catalog_entry() -> None:
     (plain,) = parse_catalog([ENTRY])
     assert plain.scaling.num_replicas == 1
     assert plain.scaling.max_replicas is None
-    with pytest.raises(ValueError, match="scaling"):
+    with pytest.raises(ValueError, match="replicas"):
         parse_catalog([{**ENTRY, "scaling": {"replicas": 2}}])
     with pytest.raises(ValueError, match="max_replicas"):
         parse_catalog([{**ENTRY, "scaling": {"min_replicas": 3, "max_replicas": 2}}])
@@ -30,12 +30,13 @@ def test_scaling_from_the_catalog_entry() -> None:
 
 def test_ray_section() -> None:
     config = config_from_mapping({"ray": {"router": "pow2", "pool_replicas": 2}})
-    ray_config = RayConfig.from_mapping(config.ray)
-    assert (ray_config.router, ray_config.pool_replicas) == ("pow2", 2)
+    assert (config.ray.router, config.ray.pool_replicas) == ("pow2", 2)
     with pytest.raises(ValueError, match="unknown"):
-        RayConfig.from_mapping({"routr": "prefix"})
+        config_from_mapping({"ray": {"routr": "prefix"}})
     with pytest.raises(ValueError, match="router"):
-        RayConfig(router="random")
+        config_from_mapping({"ray": {"router": "random"}})
+    with pytest.raises(ValueError, match="pool_replicas"):
+        config_from_mapping({"ray": {"pool_replicas": 0}})
 
 
 def test_deployment_options_come_from_the_entry() -> None:
