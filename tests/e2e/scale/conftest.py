@@ -67,10 +67,10 @@ def replica_processes(deployment: str) -> list[psutil.Process]:
 
 
 def engine_of(replica: psutil.Process) -> psutil.Process:
-    """The engine worker process a replica spawned."""
+    """The engine worker process a replica started (`python -m modelyard.transport.child`)."""
     for child in replica.children():
         try:
-            if "spawn_main" in " ".join(child.cmdline()):
+            if "modelyard.transport.child" in " ".join(child.cmdline()):
                 return child
         except psutil.Error:
             continue
