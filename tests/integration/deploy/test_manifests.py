@@ -130,3 +130,19 @@ def test_dockerfile_installs_what_setup_installs_and_runs_the_cli() -> None:
     deployment = _by_kind(render("base"), "Deployment", "modelyard")
     k8s_cmd = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert k8s_cmd == cmd, shlex.join(k8s_cmd)
+
+
+@pytest.mark.parametrize(
+    "path", ["k8s/base/config.yaml", "k8s/overlays/ray/config.yaml", "compose/config.yaml"]
+)
+def test_shipped_config_files_load(path: str) -> None:
+    from modelyard.config import load_config
+
+    load_config(ROOT / "deploy" / path)  # ValueError on any unknown or bad value
+
+
+@pytest.mark.parametrize("path", ["k8s/base/catalog.yaml", "k8s/overlays/ray/catalog.yaml"])
+def test_shipped_catalogs_load(path: str) -> None:
+    from modelyard.manager.catalog import load_catalog
+
+    assert any(spec.kind.is_llm for spec in load_catalog(str(ROOT / "deploy" / path)))
