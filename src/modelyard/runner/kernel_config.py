@@ -14,6 +14,9 @@ is ignored. The other switches:
 - `MODELYARD_PACKED_LINEAR=0`: linear layers on `F.linear` (for comparisons);
 - `MODELYARD_DECODE_TEAM=0`: decode steps without the spinning helper thread (csrc/claim.h);
 - `MODELYARD_PREFILL_SDPA=1`: prompt rows attended by SDPA (its bits) instead of the kernel;
+- `MODELYARD_WEIGHTS=int8`: weight-only int8 linear layers (a scale per output row; the
+  activations stay float32 / bf16): half of bf16's bytes per decode step, a quarter of float32's,
+  at a small cost in quality (runner.linear; tests/integration/runner/test_int8_quality.py);
 - `MODELYARD_BF16_GEMM`: when the runner's own bf16 GEMM (AMX tiles, or AVX-512 BF16) replaces
   oneDNN's at decode sizes: `auto` (default) where it gives oneDNN's bits (checked at load),
   `always` wherever it is built (its own summation order where oneDNN's differs), `onednn` never.
@@ -31,6 +34,7 @@ from typing import Literal
 
 HostKind = Literal["amx", "avx512-bf16", "avx512", "avx2", "generic"]
 Bf16Gemm = Literal["auto", "always", "onednn"]
+Weights = Literal["", "int8"]
 KINDS: tuple[HostKind, ...] = ("amx", "avx512-bf16", "avx512", "avx2", "generic")
 _REQUIRED: dict[HostKind, tuple[str, ...]] = {
     "amx": ("amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl"),
@@ -91,6 +95,7 @@ class KernelConfig:
     decode_team: bool = True  # a spinning helper thread inside decode steps
     prefill_sdpa: bool = False  # prompt rows on SDPA instead of the paged kernel
     bf16_gemm: Bf16Gemm = "auto"  # when the runner's own bf16 GEMM replaces oneDNN
+    weights: Weights = ""  # "int8": weight-only int8 linear layers
 
     def has(self, kind: HostKind) -> bool:
         """True when the selected kind includes `kind`'s instructions."""
@@ -107,6 +112,9 @@ class KernelConfig:
         gemm = env.get("MODELYARD_BF16_GEMM", "auto")
         if gemm not in ("auto", "always", "onednn"):
             raise ValueError(f"MODELYARD_BF16_GEMM must be auto, always or onednn, not {gemm!r}")
+        weights = env.get("MODELYARD_WEIGHTS", "")
+        if weights not in ("", "int8"):
+            raise ValueError(f"MODELYARD_WEIGHTS must be int8 or unset, not {weights!r}")
         return cls(
             isa=isa,
             host=host,
@@ -115,6 +123,7 @@ class KernelConfig:
             decode_team=env.get("MODELYARD_DECODE_TEAM", "1") != "0",
             prefill_sdpa=env.get("MODELYARD_PREFILL_SDPA", "0") == "1",
             bf16_gemm=gemm,  # type: ignore[arg-type]
+            weights=weights,  # type: ignore[arg-type]
         )
 
 

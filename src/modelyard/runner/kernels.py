@@ -41,6 +41,7 @@ _SOURCES = (
     _CSRC / "gemm.cpp",
     _CSRC / "gemm_bf16.cpp",
     _CSRC / "gemm_amx.cpp",
+    _CSRC / "gemm_int8.cpp",
 )
 _HEADERS = (_CSRC / "vec.h", _CSRC / "claim.h")
 
@@ -348,6 +349,41 @@ def packed_swiglu_bf16(x: torch.Tensor, packed: torch.Tensor, width: int) -> tor
     return out
 
 
+def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float weight -> int8 panels (ceil(N / 16), K, 16) for `packed_linear_int8` and a
+    float32 scale per output row (zero-padded to the panels): symmetric, max |w| -> 127."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # (N,)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    n, k = q.shape
+    panels = (n + 15) // 16
+    padded = torch.zeros(panels * 16, k, dtype=torch.int8)
+    padded[:n] = q
+    scales = torch.zeros(panels * 16)
+    scales[:n] = scale
+    return padded.view(panels, 16, k).transpose(1, 2).contiguous(), scales
+
+
+def dequantize_int8(packed: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:
+    """`pack_int8`'s panels and scale back to the (N, K) float32 weight they stand for."""
+    panels, k, _ = packed.shape
+    rows = packed.transpose(1, 2).reshape(panels * 16, k)[:n]
+    return rows.float() * scale[:n, None]
+
+
+def packed_linear_int8(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    n: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x (M, K) float32 or bfloat16 contiguous -> x (W_q * s)^T (+ bias, float32) (M, N) of x's
+    dtype, the int8 weights widened in registers and the sums made in float32."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_int8(x, packed, scale, n, bias)
+    return out
+
+
 def pack_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SwiGLU's gate and up weights (I, K) float32 -> panels for `packed_swiglu`, 16 gate rows
     and the same 16 up rows in turn (zero-padded)."""
@@ -364,4 +400,5 @@ def packed_swiglu(x: torch.Tensor, packed: torch.Tensor, width: int) -> torch.Te
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    print("modelyard kernels:", "ready" if load() else "unavailable (torch path in use)")
+    state = "ready" if load() else "unavailable (torch path in use)"
+    print(f"modelyard kernels for {kernel_config().isa}:", state)

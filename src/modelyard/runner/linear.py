@@ -7,8 +7,8 @@ rows for SmolLM2's lm_head on a 2-core AVX2 host); oneDNN with a weight packed o
 The runner's kernel (`csrc/gemm.cpp`: 16-column weight panels packed at load, a 6 x 16
 register-blocked micro-kernel, the next weight chunk prefetched at decode sizes) reaches 85-95
 GFLOP/s at 32 rows over the whole model's weights on the same host, and matches `F.linear` at
-prefill sizes (~120 GFLOP/s at 2048 rows over SmolLM2's four layer shapes; see
-docs/benchmarks.md).
+prefill sizes (~120 GFLOP/s at 2048 rows over SmolLM2's four layer shapes). Built for
+AVX-512, the micro-kernel holds 12 x 16 outputs in 16-float registers instead (same bits).
 
 `SwiGLU` packs a layer's gate and up weights together, 16 rows of each in turn, and the kernel
 applies silu(gate) * up to each pair of 16-column tiles while they are still in L1, so the
@@ -30,6 +30,12 @@ panels) runs instead at up to 32 rows, where oneDNN's AMX kernels sum in its ord
 1.5x oneDNN's speed at 32 rows, where a decode step is bound by streaming the weights. Which
 kernel, if any, is `kernels.bf16_gemm_path()`: only where it finds oneDNN's bits at load unless
 `MODELYARD_BF16_GEMM=always` (runner.kernel_config); elsewhere bf16 keeps oneDNN.
+
+With `MODELYARD_WEIGHTS=int8` (float32 or bf16 models, kernels built) every layer keeps its
+weight as int8 with a float32 scale per output row instead (`csrc/gemm_int8.cpp`: widened in
+registers, summed in float32) at decode sizes, and dequantized to the model's dtype for one
+`F.linear` per call at prompt sizes: fewer bytes to stream per decode step, results within the
+int8 rounding of the weights (the quality bounds are tested on the real model).
 
 Without the compiled kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32
 and bfloat16 use `F.linear`. float32 results differ from `F.linear` only in summation order
@@ -108,7 +114,16 @@ _ANY_ROWS = 1 << 62
 class Linear:
     """y = x W^T + b for x (M, K), W (N, K), b (N,) or None; W packed when `pack`."""
 
-    __slots__ = ("_bf16", "_bias", "_gemm", "_onednn", "_packed", "_weight", "out_features")
+    __slots__ = (
+        "_bf16",
+        "_bias",
+        "_gemm",
+        "_int8",
+        "_onednn",
+        "_packed",
+        "_weight",
+        "out_features",
+    )
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool, decode: bool = True
@@ -120,8 +135,13 @@ class Linear:
         self._onednn: torch.Tensor | None = None
         self._bf16: torch.Tensor | None = None
         self._gemm: tuple[Gemm, int] | None = None  # the runner's bf16 GEMM, up to rows
+        self._int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._weight: torch.Tensor | None = weight
-        if pack and weight.dtype == torch.bfloat16:
+        if pack and int8_weights():
+            packed, scale = kernels.pack_int8(weight)
+            self._int8 = (packed, scale, None if bias is None else bias.float().contiguous())
+            self._weight = None
+        elif pack and weight.dtype == torch.bfloat16:
             self._onednn = _pack_onednn(weight)
             self._weight = None
             if bias is None and decode:
@@ -137,6 +157,8 @@ class Linear:
             return kernels.packed_linear(
                 x.contiguous(), self._packed, self.out_features, self._bias
             )
+        if self._int8 is not None:
+            return self._int8_linear(x)
         if self._bf16 is not None and self._gemm is not None and x.shape[0] <= self._gemm[1]:
             return self._gemm[0](x.contiguous(), self._bf16, self.out_features)
         if self._onednn is not None:
@@ -144,6 +166,19 @@ class Linear:
         if self._weight is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("Linear has no weight")
         return F.linear(x, self._weight, self._bias)
+
+    def _int8_linear(self, x: torch.Tensor) -> torch.Tensor:
+        packed, scale, bias = self._int8  # type: ignore[misc]
+        n = self.out_features
+        if x.shape[0] <= _DECODE_ROWS:
+            return kernels.packed_linear_int8(x.contiguous(), packed, scale, n, bias)
+        weight = kernels.dequantize_int8(packed, scale, n).to(x.dtype)
+        return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+
+
+def int8_weights() -> bool:
+    """True when linear layers keep int8 weights (MODELYARD_WEIGHTS=int8, kernels built)."""
+    return kernel_config().weights == "int8" and kernels.load()
 
 
 class SwiGLU:
@@ -158,9 +193,10 @@ class SwiGLU:
         self._both: Linear | None = None
         # bf16 with the kernels built: the activation in one pass (torch's two roundings)
         self._fused_act = gate.dtype == torch.bfloat16 and kernels.load()
-        bf16 = pack and gate.dtype == torch.bfloat16
+        int8 = pack and int8_weights()  # the concatenated weight as an int8 Linear below
+        bf16 = pack and gate.dtype == torch.bfloat16 and not int8
         self._gemm = runner_gemm(int(gate.shape[1]), swiglu=True) if bf16 else None
-        if pack and gate.dtype == torch.float32:
+        if pack and gate.dtype == torch.float32 and not int8:
             self._packed = kernels.pack_swiglu(gate, up)
         if self._gemm is not None:
             # bf16 on the runner's GEMM (oneDNN's summation order: tested) with the activation
