@@ -211,7 +211,8 @@ def main() -> None:
         "http": http,
         "ratios": ratios,
     }
-    path = write_json("serving" if len(args.concurrency) == 2 else "serving_c1", payload)
+    name = "serving" if len(args.concurrency) == 2 else "serving_c1"
+    path = write_json(f"{name}_{args.dtype}", payload)
     print(json.dumps({"in_process": inproc, "http": http, "ratios": ratios}, indent=2))
     print(f"wrote {path}", file=sys.stderr)
 
