@@ -5,8 +5,8 @@ with its float32 weights, in float32:
 - the next-token argmax over every position of that text agrees in at least 90 % of them;
 - free-running greedy decoding of a fixed prompt set (16 tokens each) keeps, on average, at
   least half of each continuation identical before the first different token.
-Measured on this model: perplexity 13.42 -> 13.56 (+1.0 %), argmax agreement 96.4 %, greedy
-prefix 0.78 of 16 tokens on average (4 of 8 continuations identical)."""
+Measured on this model (an AMX host): perplexity 37.36 -> 37.21, argmax agreement 94.1 %,
+greedy prefixes kept 16, 6, 16, 16, 16, 5, 1 and 16 tokens (0.72 of them on average)."""
 
 from __future__ import annotations
 
