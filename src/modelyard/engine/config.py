@@ -49,8 +49,12 @@ class CacheConfig:
     num_blocks: int | None = None
     """Overrides kv_cache_bytes (tests use tiny values to force preemption)."""
     enable_prefix_caching: bool = True
+    max_pinned_fraction: float = 0.5
+    """Most of the KV cache that pinned prefixes (engine/pins.py) may hold together."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.max_pinned_fraction < 1.0:
+            raise ValueError("max_pinned_fraction must be in [0, 1)")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a positive power of two")
         if self.kv_cache_bytes <= 0:

@@ -121,6 +121,7 @@ _ENGINE_OPTIONS = frozenset(
         "num_blocks",
         "block_size",
         "enable_prefix_caching",
+        "max_pinned_fraction",
         "max_num_seqs",
         "max_num_batched_tokens",
         "max_waiting_requests",
@@ -151,6 +152,7 @@ def engine_config_for(spec: ModelSpec) -> Any:
         num_blocks=opts.get("num_blocks"),
         block_size=int(opts.get("block_size", 16)),
         enable_prefix_caching=bool(opts.get("enable_prefix_caching", True)),
+        max_pinned_fraction=float(opts.get("max_pinned_fraction", 0.5)),
     )
     scheduler = SchedulerConfig(
         max_num_seqs=int(opts.get("max_num_seqs", 64)),

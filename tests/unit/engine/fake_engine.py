@@ -13,8 +13,10 @@ from modelyard.engine.messages import (
     EngineReady,
     EngineRequest,
     FinishReason,
+    PinPrefix,
     SchedulerStats,
 )
+from modelyard.engine.sampling_params import SamplingParams
 from modelyard.engine.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
 from modelyard.transport.inproc import inproc_pair
 
@@ -44,6 +46,8 @@ class FakeCore:
     added: list[EngineRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     requests: dict[str, _Running] = field(default_factory=dict)
+    pinned: list[str] = field(default_factory=list)  # prefix ids of PinPrefix commands
+    unpinned: list[str] = field(default_factory=list)  # prefix ids of UnpinPrefixes
 
     def add_request(self, request: EngineRequest) -> None:
         if not request.prompt_token_ids:
@@ -55,6 +59,23 @@ class FakeCore:
         self.aborted.extend(request_ids)
         for rid in request_ids:
             self.requests.pop(rid, None)
+
+    def pin_prefix(self, command: PinPrefix) -> None:
+        """A pin prefills like a request with max_tokens=1."""
+        self.add_request(
+            EngineRequest(
+                request_id=command.request_id,
+                prompt_token_ids=command.token_ids,
+                sampling_params=SamplingParams(max_tokens=1),
+            )
+        )
+        self.pinned.append(command.prefix_id)
+
+    def unpin_prefixes(self, prefix_ids: list[str]) -> None:
+        self.unpinned.extend(prefix_ids)
+
+    def expire_pins(self) -> None:
+        """No TTLs in the fake."""
 
     def has_unfinished_requests(self) -> bool:
         if self.killed:
