@@ -12,7 +12,8 @@ app = build_app(provider, config, router=None, startup=manager.start)
 - `close_provider`: on shutdown (after uvicorn drained in-flight requests) `provider.close()`
   stops every worker.
 
-`app.state` holds `provider`, `router`, `config`, `ready`, `startup_error`, `started_at`, `vllm`.
+`app.state` holds `provider`, `router`, `config`, `ready`, `startup_error`, `started_at`, `vllm`,
+`prefixes` (the pinned prefixes' directory, api/routes/prefixes.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ from fastapi import FastAPI
 
 from modelyard.api.errors import install_exception_handlers
 from modelyard.api.middleware import build_middleware_stack
-from modelyard.api.routes import embeddings, health, kserve, openai, predict, textbook, vllm_compat
+from modelyard.api.routes import (
+    embeddings,
+    health,
+    kserve,
+    openai,
+    predict,
+    prefixes,
+    textbook,
+    vllm_compat,
+)
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
 from modelyard.gateway import admin as gateway_admin
@@ -80,8 +90,9 @@ def build_app(
     app.state.startup_error = None
     app.state.started_at = time.time()
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
+    app.state.prefixes = prefixes.PrefixDirectory()
     install_exception_handlers(app)
-    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings):
+    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings, prefixes):
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
     app.include_router(metrics_routes.router)

@@ -201,6 +201,9 @@ class PinTransport(Protocol):
 
     def stats(self) -> SchedulerStats: ...
 
+    @property
+    def is_alive(self) -> bool: ...
+
 
 class EnginePrefixes:
     """Pin, list and release the prefixes of one engine (`AsyncLLM.prefixes`).
@@ -219,7 +222,21 @@ class EnginePrefixes:
 
     @property
     def max_pinned_blocks(self) -> int:
+        """The pin budget: most KV blocks all pins together may hold."""
         return self._registry.max_pinned_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._registry.block_size
+
+    @property
+    def is_alive(self) -> bool:
+        """False once the engine stopped (its pins are gone with it)."""
+        return self._transport.is_alive
+
+    def num_pinned_blocks(self) -> int:
+        """KV blocks pinned now (the worker's latest stats)."""
+        return self._transport.stats().num_pinned_blocks
 
     async def pin(
         self,
