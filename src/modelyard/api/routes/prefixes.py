@@ -57,7 +57,7 @@ class PrefixRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str  # catalog id, name or alias of a chat or completion model
-    text: str | None = None  # the prefix as text (tokenized without special tokens added)
+    text: str | None = None  # the prefix as text (tokenized as a /v1/completions prompt)
     token_ids: list[int] | None = None  # the prefix as token ids
     messages: list[ChatMessage] | None = None  # the opening of a chat (e.g. a system message)
     ttl_s: float = Field(default=DEFAULT_PREFIX_TTL_S, gt=0, le=MAX_PREFIX_TTL_S)
@@ -198,10 +198,10 @@ async def _prefix_tokens(
         return list(body.token_ids)
     if messages is not None:
         return await asyncio.to_thread(chat_prefix_tokens, llm, messages)
-    text = body.text or ""
+    text = body.text or ""  # tokenized as /v1/completions tokenizes a prompt
     if len(text) > _INLINE_TOKENIZE_CHARS:
-        return await asyncio.to_thread(llm.tokenizer.encode, text, False)
-    return llm.tokenizer.encode(text, add_special_tokens=False)
+        return await asyncio.to_thread(llm.tokenizer.encode, text)
+    return llm.tokenizer.encode(text)
 
 
 def chat_prefix_tokens(llm: LLMClient, messages: Sequence[dict[str, str]]) -> list[int]:
