@@ -18,8 +18,10 @@ knowledge, 32 questions labelled with an evidence phrase):
 
 Answer quality is "one of the labelled answer strings appears in the answer": a coarse check.
 The 135M chat model answers poorly whatever the context; the serving figures are the point.
-Every question is asked once per system (prompts never repeat within a system); RAG prompts
-share the cached system rules like any client's would.
+Every question is asked once per system in each section, and the prefix cache is flushed
+(random prompts that need more blocks than the cache has; pinned blocks stay) before the agent
+loop re-asks them, so no prompt is served from an earlier identical one. RAG prompts still share
+the cached system rules (and a chunk order that repeats) like any client's would.
 
     flock /work/bench.lock .venv/bin/python benchmarks/agent.py [--url URL] [--questions N]
 """
@@ -148,6 +150,21 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+async def flush_prefix_cache(url: str, seed: int, blocks: int = 800) -> None:
+    """Evict every unpinned block from the chat model's prefix cache: prompts of random token
+    ids that together need more blocks than the cache has (pinned blocks stay)."""
+    import httpx
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        for _ in range(-(-blocks * 16 // 1900)):
+            prompt = [int(t) for t in rng.integers(1000, 40000, size=1900)]
+            body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1}
+            response = await client.post("/v1/completions", json=body)
+            response.raise_for_status()
+
+
 def make_agents(api: ModelyardAPI, index_dir: Path, loop: bool) -> dict[str, KnowledgeAgent]:
     config = AgentConfig(chunk_words=60, overlap_words=15, top_k=4, max_tokens=48)
     if not loop:
@@ -179,6 +196,7 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             result["single_call"] = {s: summarise(rows[s]) for s in SYSTEMS}
             result["single_call_rows"] = rows
             if args.loop_questions:
+                await flush_prefix_cache(url, seed=1)  # the loop's prompts start cold too
                 loop_agents = make_agents(api, index_dir, loop=True)
                 loop_rows = await run_systems(loop_agents, questions[: args.loop_questions])
                 result["agent_loop"] = {s: summarise(loop_rows[s]) for s in SYSTEMS}

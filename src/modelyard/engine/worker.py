@@ -4,7 +4,8 @@
 method). It connects to the API process's IPC sockets, loads the model, sends `EngineReady`
 (or `EngineFailed` and exits 1), then runs `serve`:
 
-    drain every pending command (non-blocking)
+    drain every pending command (non-blocking; a PinPrefix queues the prefix's prefill,
+    UnpinPrefixes releases pins), then release the pins whose TTL passed
     -> if there is work: core.step(), send EngineOutputs(outputs, stats)
     -> else: block on the command socket for a short while; send an empty EngineOutputs as a
        heartbeat every HEARTBEAT_INTERVAL_S so the client can tell the worker is alive.
