@@ -218,7 +218,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", help="an already running server (default: start one)")
     parser.add_argument("--questions", type=int, default=32)
-    parser.add_argument("--loop-questions", type=int, default=32)
+    parser.add_argument("--loop-questions", type=int, default=16)
     parser.add_argument("--log", default="/tmp/agent_bench_server.log")
     parser.add_argument("--name", default="agent")
     args = parser.parse_args()
