@@ -46,6 +46,8 @@ class FakeCore:
     added: list[EngineRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     requests: dict[str, _Running] = field(default_factory=dict)
+    max_pinned_blocks: int = 4  # announced in EngineReady
+    fail_pins: bool = False  # pin prefills fail like a refused request
     pinned: list[str] = field(default_factory=list)  # prefix ids of PinPrefix commands
     unpinned: list[str] = field(default_factory=list)  # prefix ids of UnpinPrefixes
 
@@ -62,6 +64,8 @@ class FakeCore:
 
     def pin_prefix(self, command: PinPrefix) -> None:
         """A pin prefills like a request with max_tokens=1."""
+        if self.fail_pins:
+            raise ValueError("pin refused")
         self.add_request(
             EngineRequest(
                 request_id=command.request_id,
@@ -147,6 +151,7 @@ class ThreadWorker:
             dtype="float32",
             implementation="fake",
             rss_bytes=0,
+            max_pinned_blocks=self.core.max_pinned_blocks,
         )
         self.conn.send(ready)
         try:
