@@ -150,16 +150,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def flush_prefix_cache(url: str, seed: int, blocks: int = 800) -> None:
+async def flush_prefix_cache(url: str, seed: int, blocks: int = 800, size: int = 480) -> None:
     """Evict every unpinned block from the chat model's prefix cache: prompts of random token
-    ids that together need more blocks than the cache has (pinned blocks stay)."""
+    ids that together need more blocks than the cache has (pinned blocks stay). Short prompts:
+    one engine step of ~2,000 prompt tokens can outlast the engine's 30 s heartbeat on a busy
+    2-core host."""
     import httpx
     import numpy as np
 
     rng = np.random.default_rng(seed)
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        for _ in range(-(-blocks * 16 // 1900)):
-            prompt = [int(t) for t in rng.integers(1000, 40000, size=1900)]
+        for _ in range(-(-blocks * 16 // size)):
+            prompt = [int(t) for t in rng.integers(1000, 40000, size=size)]
             body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1}
             response = await client.post("/v1/completions", json=body)
             response.raise_for_status()
@@ -195,6 +197,7 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             rows = await run_systems(direct, questions)
             result["single_call"] = {s: summarise(rows[s]) for s in SYSTEMS}
             result["single_call_rows"] = rows
+            write_json(args.name + "_partial", result)  # kept if the loop section fails
             if args.loop_questions:
                 await flush_prefix_cache(url, seed=1)  # the loop's prompts start cold too
                 loop_agents = make_agents(api, index_dir, loop=True)
@@ -218,7 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", help="an already running server (default: start one)")
     parser.add_argument("--questions", type=int, default=32)
-    parser.add_argument("--loop-questions", type=int, default=16)
+    parser.add_argument("--loop-questions", type=int, default=8)
     parser.add_argument("--log", default="/tmp/agent_bench_server.log")
     parser.add_argument("--name", default="agent")
     args = parser.parse_args()
