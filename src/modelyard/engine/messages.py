@@ -112,6 +112,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # cumulative prompt tokens found there
     num_preemptions: int = 0  # cumulative
+    num_aborted: int = 0  # cumulative: live requests aborted (client gone, closed, timed out)
     num_computed_tokens: int = 0  # cumulative tokens run through the model (prefill + decode)
     num_pinned_blocks: int = 0  # KV blocks held by pinned prefixes (never evicted)
     num_pinned_prefixes: int = 0  # live pins

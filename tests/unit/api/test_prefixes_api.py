@@ -21,7 +21,7 @@ from modelyard.engine.messages import (
     SchedulerStats,
 )
 from modelyard.engine.prefixes import EnginePrefixes, PinnedPrefix, PrefixRegistry
-from modelyard.gateway.base import Principal
+from modelyard.gateway.base import ADMIN_SCOPE, Principal
 
 pytestmark = pytest.mark.unit
 
@@ -229,4 +229,4 @@ def test_a_pin_is_visible_to_its_tenant_and_admins_only() -> None:
     )
     assert visible(prefix, Principal(tenant="acme"))
     assert not visible(prefix, Principal(tenant="globex"))
-    assert visible(prefix, Principal(tenant="globex", is_admin=True))
+    assert visible(prefix, Principal(tenant="globex", scopes=frozenset({ADMIN_SCOPE})))

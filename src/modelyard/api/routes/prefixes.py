@@ -12,7 +12,9 @@
   prompt starts with the pinned tokens. Any request whose prompt starts with those tokens
   reuses the pinned blocks, named or not: that is plain prefix caching.
 
-Scope: whoever may use a model may pin prefixes on it (`Principal.may_use`); a pin belongs to
+`POST` goes through the request path (gateway/request_path.py) like every model route:
+authorize, route, admit (the prefix's tokens count against tokens-per-minute), lease.
+Scope: whoever may use a model may pin prefixes on it; a pin belongs to
 the tenant that made it: other tenants neither see, name nor delete it (admins see and delete
 every pin). Pins count against the model's KV cache: over the budget the answer is 507
 (`insufficient_storage`). Pins end at their TTL (default 1 h), on DELETE, or when the model is
@@ -33,7 +35,6 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelyard.api.errors import APIError
-from modelyard.api.generation import principal_of
 from modelyard.api.protocol import ChatMessage
 from modelyard.engine.prefixes import (
     DEFAULT_PREFIX_TTL_S,
@@ -45,6 +46,14 @@ from modelyard.engine.prefixes import (
 )
 from modelyard.engine.protocol import LLMClient
 from modelyard.gateway.base import Principal
+from modelyard.gateway.request_path import (
+    Demand,
+    LLMLease,
+    RequestPath,
+    principal_of,
+    runs_model,
+    ticket_of,
+)
 
 router = APIRouter()
 
@@ -108,36 +117,42 @@ def visible(prefix: PinnedPrefix, principal: Principal) -> bool:
 
 
 @router.post("/v1/prefixes")
+@runs_model
 async def create_prefix(body: PrefixRequest, request: Request) -> dict[str, Any]:
+    """Pin a prefix through the request path (authorize, route, admit, lease), like any
+    generation of one token per prefix token."""
     given = [f for f in ("text", "token_ids", "messages") if getattr(body, f) is not None]
     if len(given) != 1:
         raise APIError(400, "give exactly one of text, token_ids or messages", param="text")
     principal = principal_of(request)
-    if not principal.may_use(body.model):
-        raise APIError(403, f"model {body.model!r} is not allowed for this key", param="model")
-    decision = request.app.state.router.route(body.model, principal)
-    if not decision.targets:
-        raise APIError(404, f"model {body.model!r} not found", param="model")
-    async with request.app.state.provider.lease(decision.targets[0]) as lease:
-        try:
-            llm: LLMClient = lease.llm
-        except TypeError as exc:
-            raise APIError(400, f"{body.model!r} is not a text-generation model") from exc
-        engine = engine_prefixes(llm, body.model)
-        messages = [m.as_template_message() for m in body.messages or []] or None
-        token_ids = await _prefix_tokens(llm, body, messages)
+    messages = [m.as_template_message() for m in body.messages or []] or None
+    path: RequestPath = request.app.state.request_path
+    demand = Demand.generation(
+        ticket_of(request).gateway.config.rate_limit,
+        body_bytes=len(await request.body()),
+        max_tokens=1,
+        sequences=1,
+    )
+
+    async def pin(lease: LLMLease) -> PinnedPrefix:
+        engine = engine_prefixes(lease.llm, body.model)
+        token_ids = await _prefix_tokens(lease.llm, body, messages)
         directory_of(request).add(engine)
-        try:
-            pinned = await engine.pin(
-                token_ids, ttl_s=body.ttl_s, owner=principal.tenant, messages=messages
-            )
-        except PrefixBudgetError as exc:
-            raise APIError(
-                507, str(exc), type="insufficient_storage", code="pin_budget_exceeded"
-            ) from exc
-        except PrefixPinError as exc:
-            raise APIError(503, f"pin failed: {exc}", code="pin_failed", retry_after_s=1) from exc
-    return pinned.describe()
+        return await engine.pin(
+            token_ids, ttl_s=body.ttl_s, owner=principal.tenant, messages=messages
+        )
+
+    try:
+        served = await path.open_llm(request, body.model, demand, pin)
+    except PrefixBudgetError as exc:
+        raise APIError(
+            507, str(exc), type="insufficient_storage", code="pin_budget_exceeded"
+        ) from exc
+    except PrefixPinError as exc:
+        raise APIError(503, f"pin failed: {exc}", code="pin_failed", retry_after_s=1) from exc
+    served.record_tokens(served.value.num_tokens, 0)
+    await served.aclose()
+    return served.value.describe()
 
 
 @router.get("/v1/prefixes")
