@@ -1,0 +1,79 @@
+"""Time one decode step of the runner (not a test): `python benchmarks/bench_step.py`.
+
+B requests decode one token each with `--context` tokens already cached. The KV content does not
+matter for timing, so no prefill is run. A (B, hidden) x (vocab, hidden) matmul is timed in the
+same run to show the machine's current matmul rate (other processes share the CPU) and the step
+time that rate would give if the step were matmuls only (2 x params FLOP per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.sampling_params import SamplingParams
+from modelyard.engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from modelyard.runner.loader import DEFAULT_MODEL
+from modelyard.runner.model_runner import ModelRunner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    block_size = 16
+    per_req = (args.context + 1 + block_size - 1) // block_size
+    runner = ModelRunner(
+        ModelConfig(model=args.model, dtype=args.dtype, num_threads=args.threads),
+        CacheConfig(block_size=block_size, num_blocks=args.batch * per_req + 1),
+    )
+    params = SamplingParams(temperature=0.0)
+    tables = [list(range(1 + i * per_req, 1 + (i + 1) * per_req)) for i in range(args.batch)]
+    batch = SchedulerOutput(
+        [
+            ScheduledRequest(f"r{i}", [5], args.context, tables[i], True, params, [5], [])
+            for i in range(args.batch)
+        ],
+        args.batch,
+    )
+    config = runner.resolved.config
+    x = torch.randn(args.batch, config.hidden_size, dtype=runner.dtype)
+    w = torch.randn(config.vocab_size, config.hidden_size, dtype=runner.dtype)
+    runner.execute(batch)
+    steps, mms = [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        runner.execute(batch)
+        steps.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        mms.append(time.perf_counter() - t0)
+    gflops = 2 * x.shape[0] * w.shape[0] * w.shape[1] / min(mms) / 1e9
+    params_count = sum(p.numel() for p in _weights(runner))
+    ideal_ms = 2 * args.batch * params_count / (gflops * 1e9) * 1000
+    step_ms = sorted(steps)[len(steps) // 2] * 1000
+    print(
+        f"{args.dtype} batch={args.batch} context={args.context}: step median {step_ms:.1f} ms "
+        f"({args.batch / step_ms * 1000:.0f} tok/s); matmul rate now {gflops:.0f} GFLOP/s; "
+        f"matmul-only step at that rate {ideal_ms:.1f} ms"
+    )
+
+
+def _weights(runner: ModelRunner) -> list[torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(runner.resolved.config)  # type: ignore[no-untyped-call]
+    return list(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
