@@ -38,6 +38,7 @@ _DESCRIPTIONS = {
     500: "The model failed this request (other requests are not affected)",
     503: "Not available now: model loading or unloadable, rate-limit store down (Retry-After)",
     504: "The request timed out",
+    507: "No room left in the model's budget for pinned prefixes",
 }
 _OPENAI_ERROR = {
     "type": "object",
@@ -133,9 +134,9 @@ _PREDICT_FORM = {
         "options": {"type": "string", "description": "a JSON object"},
     },
 }
-#: Operations that run a model (generation or inference), by path pattern.
+#: Operations that run a model (generation, inference, pinning a prefix): POSTs to these paths.
 _RUNS_A_MODEL = re.compile(
-    r"^(/v1/(chat/completions|completions|embeddings)|/basic_generate|/generate|"
+    r"^(/v1/(chat/completions|completions|embeddings|prefixes)|/basic_generate|/generate|"
     r"/generate_stream|/predict|/v2/models/\{name\}(/versions/\{version\})?/infer)$"
 )
 #: Operations that name a model (in the body, the path or the query).
@@ -159,6 +160,9 @@ _EXTRA_STATUSES = {
     ("get", "/v2/models/{name}/versions/{version}/ready"): {400},
     ("get", "/v2/models/{name}"): {400},
     ("get", "/v2/models/{name}/versions/{version}"): {400},
+    ("post", "/v1/prefixes"): {507},  # the pin budget is full
+    ("get", "/v1/prefixes/{prefix_id}"): {404},
+    ("delete", "/v1/prefixes/{prefix_id}"): {404},
 }
 
 
@@ -216,9 +220,10 @@ def statuses(method: str, path: str, operation: dict[str, Any]) -> set[int]:
         found |= {400, 413}
     if path not in DEFAULT_OPEN_PATHS:
         found |= {401, 403, 429, 503}
-    if _NAMES_A_MODEL.match(path) or _RUNS_A_MODEL.match(path):
+    runs_a_model = method == "post" and _RUNS_A_MODEL.match(path) is not None
+    if _NAMES_A_MODEL.match(path) or runs_a_model:
         found |= {404, 503}
-    if _RUNS_A_MODEL.match(path):
+    if runs_a_model:
         found |= {429, 500, 504}
     return found
 

@@ -6,16 +6,23 @@ Everything here runs on one thread; no method blocks except `step()` while the m
 
 A step whose execution raises fails only the requests that make it fail (engine/isolation.py
 finds them); the rest of the batch gets its tokens as if nothing had happened.
+
+Pinned prefixes (engine/pins.py) ride on the same step: a pin's prefill is an ordinary
+request, pinned when its output passes through `step()`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+
+import msgspec
 
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.isolation import isolate_failure
-from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats
+from modelyard.engine.messages import EngineOutput, EngineRequest, PinPrefix, SchedulerStats
+from modelyard.engine.pins import PrefixPins, pin_limit_blocks
 from modelyard.engine.scheduler import Scheduler
 from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
 
@@ -25,7 +32,14 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     """A scheduler wired to a model runner (the real one, or a fake in tests)."""
 
-    def __init__(self, config: EngineConfig, runner: StepRunner) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: StepRunner,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock` times the pins' TTLs (tests pass a fake one)."""
         self.config = config
         self.runner = runner
         self.scheduler = Scheduler(
@@ -36,6 +50,15 @@ class EngineCore:
             eos_token_ids=runner.eos_token_ids,
             vocab_size=runner.vocab_size,
         )
+        kv = self.scheduler.kv_cache
+        limit = pin_limit_blocks(
+            kv.num_blocks,
+            kv.block_size,
+            self.scheduler.max_model_len,
+            config.cache.max_pinned_fraction,
+        )
+        self.pins = PrefixPins(kv, limit, clock)
+        self.num_computed_tokens = 0  # cumulative tokens run through the model
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request. ValueError when it can never run: a prompt longer than the
@@ -45,7 +68,27 @@ class EngineCore:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Drop these requests; their KV blocks are free before the next step."""
+        request_ids = list(request_ids)
         self.scheduler.abort_requests(request_ids)
+        self.pins.abandon(request_ids)
+
+    def pin_prefix(self, command: PinPrefix) -> None:
+        """Queue the prefill of a prefix to pin; its request's last output says how it went.
+        PinBudgetError (a ValueError) over the pin budget, ValueError when it can never run."""
+        request = self.pins.start(command)
+        try:
+            self.scheduler.add_request(request)
+        except BaseException:
+            self.pins.abandon([request.request_id])
+            raise
+
+    def unpin_prefixes(self, prefix_ids: Iterable[str]) -> None:
+        """Release these pins now (unknown ids are ignored)."""
+        self.pins.unpin(list(prefix_ids))
+
+    def expire_pins(self) -> None:
+        """Release the pins whose TTL has passed (the worker loop calls this every turn)."""
+        self.pins.expire()
 
     def step(self) -> list[EngineOutput]:
         """Run one batch; one output per request that got a token or failed. [] when nothing
@@ -61,7 +104,9 @@ class EngineCore:
         except BaseException:
             self.scheduler.discard(scheduler_output)  # no half-written KV in the prefix cache
             raise
-        return failed + self.scheduler.update(scheduler_output, runner_output)
+        self.num_computed_tokens += scheduler_output.num_batched_tokens
+        outputs = failed + self.scheduler.update(scheduler_output, runner_output)
+        return [self.pins.finish(output) for output in outputs]
 
     def _isolate(
         self, scheduler_output: SchedulerOutput, exc: Exception
@@ -78,4 +123,12 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        kv = self.scheduler.kv_cache
+        return msgspec.structs.replace(
+            self.scheduler.stats(),
+            num_computed_tokens=self.num_computed_tokens,
+            num_pinned_blocks=kv.num_pinned_blocks,
+            num_pinned_prefixes=len(self.pins),
+            pinned_prefix_hits=kv.pinned_hits,
+            prefix_hits=self.pins.hits(),
+        )

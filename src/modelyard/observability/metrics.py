@@ -114,6 +114,13 @@ ENGINE_FAILED_REQUESTS = Counter(
     "Requests that made an engine step fail (failed alone; their batch-mates went on).",
     ["model"],
 )
+PINNED_PREFIX_BLOCKS = Gauge(
+    P + "pinned_prefix_blocks", "KV blocks held by pinned prefixes (never evicted).", ["model"]
+)
+PINNED_PREFIXES = Gauge(P + "pinned_prefixes", "Live pinned prefixes.", ["model"])
+PINNED_PREFIX_HITS = Counter(
+    P + "pinned_prefix_hits", "Requests that reused the blocks of a pinned prefix.", ["model"]
+)
 
 # ------------------------------------------------------------------ model manager
 MODEL_LOAD_LATENCY = Histogram(

@@ -53,15 +53,26 @@ def test_the_routes_documented_as_running_a_model_are_those_marked_so() -> None:
     from fastapi.routing import APIRoute
 
     from modelyard.api.openapi import _RUNS_A_MODEL
-    from modelyard.api.routes import embeddings, kserve, openai, predict, textbook, vllm_compat
+    from modelyard.api.routes import (
+        embeddings,
+        kserve,
+        openai,
+        predict,
+        prefixes,
+        textbook,
+        vllm_compat,
+    )
 
     routes = [
-        route
-        for module in (embeddings, kserve, openai, predict, textbook, vllm_compat)
+        (method.lower(), route)
+        for module in (embeddings, kserve, openai, predict, prefixes, textbook, vllm_compat)
         for route in module.router.routes
         if isinstance(route, APIRoute)
+        for method in route.methods
     ]
-    marked = {r.path for r in routes if getattr(r.endpoint, "__modelyard_runs_model__", False)}
-    documented = {r.path for r in routes if _RUNS_A_MODEL.match(r.path)}
-    assert "/v1/chat/completions" in marked
+    marked = {
+        (m, r.path) for m, r in routes if getattr(r.endpoint, "__modelyard_runs_model__", False)
+    }
+    documented = {(m, r.path) for m, r in routes if m == "post" and _RUNS_A_MODEL.match(r.path)}
+    assert ("post", "/v1/chat/completions") in marked
     assert marked == documented
