@@ -109,7 +109,10 @@ async def test_worker_death_fails_every_waiting_caller_quickly() -> None:
     await client.shutdown()  # idempotent
 
 
-async def test_silent_worker_is_declared_dead_by_heartbeat_timeout() -> None:
+async def test_silent_worker_is_declared_dead_by_heartbeat_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("modelyard.engine.worker.MAX_STEP_S", 0.2)  # a hung step: pulses stop
     core = FakeCore(step_delay_s=1.5)  # one step longer than the heartbeat timeout
     client, _ = await start_fake_client(core, heartbeat_timeout_s=0.5)
     try:
