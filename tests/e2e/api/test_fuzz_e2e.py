@@ -11,8 +11,8 @@ from hardening_server import HardeningServer, start, stop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # server start
 
-#: Requests per operation and mode (positive, negative): about 500 in all, under a minute each.
-EXAMPLES = 10
+#: Requests per operation and mode (positive, negative): about 300 in all, ~30 s per mode.
+EXAMPLES = 6
 TARGETS = Targets(llm="chat", models=("echo-embed", "efficientnet-lite0"))
 
 
