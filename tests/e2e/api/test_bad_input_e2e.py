@@ -82,6 +82,13 @@ CASES: list[tuple[str, str, dict[str, Any], int, str | None]] = [
         "prompt",
     ),
     (
+        "pinned-prefix-token-id-out-of-vocab",
+        "/v1/prefixes",
+        {"json": {"model": "chat", "token_ids": [1, 49152]}},
+        400,
+        "token_ids",
+    ),
+    (
         "image-not-base64-names-input-data",
         "/predict",
         {"json": {"model_id": "efficientnet-lite0", "input_data": 5}},
