@@ -19,8 +19,8 @@ looked up, summed over both replicas from Ray's metrics export, as a delta over 
 same rate from the responses' `cached_tokens`, the prompt tokens prefilled, TTFT p50/p90 (all,
 cache hits, misses), errors, wall and drain time; then the ratios prefix/pow2.
 
-    flock /work/bench.lock python benchmarks/ray_routing.py [--requests 96] [--rate 0.3]
-        [--kv-blocks 288 344] [--dtype bfloat16]
+    python benchmarks/ray_routing.py [--requests 64] [--rate 0.3] [--kv-blocks 288 [344 ...]]
+        [--dtype bfloat16]      # ~10 min for one cache size
 """
 
 from __future__ import annotations
@@ -252,13 +252,13 @@ def ratios(pow2: dict[str, Any], prefix: dict[str, Any]) -> dict[str, float | No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--rate", type=float, default=0.3, help="arrivals per second (Poisson)")
     parser.add_argument(
         "--kv-blocks",
         type=int,
         nargs="+",
-        default=[288, 344],
+        default=[288],
         help=f"KV cache per replica in blocks of {BLOCK_SIZE} tokens; one point per size",
     )
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
