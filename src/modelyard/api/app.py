@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from modelyard.api.errors import install_exception_handlers
 from modelyard.api.middleware import build_middleware_stack
 from modelyard.api.routes import embeddings, health, kserve, openai, predict, textbook, vllm_compat
+from modelyard.api.routes.console import router as console_router
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
 from modelyard.gateway import admin as gateway_admin
@@ -85,6 +86,7 @@ def build_app(
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
     app.include_router(metrics_routes.router)
+    app.include_router(console_router)  # the web console at /ui
     return app
 
 

@@ -1,6 +1,7 @@
 """The gateway as two pure ASGI middlewares: auth, then quota. Assembled by one function.
 
-Per HTTP request (paths in `open_paths` skip both and get the anonymous principal):
+Per HTTP request (paths in `open_paths`, or under one of its entries that ends in `*`, skip
+both and get the anonymous principal):
 1. `AuthMiddleware`: for a POST with a JSON body up to `max_body_bytes`, read the body once
    (replayed unchanged to the app) to learn the model name and `max_tokens`; authenticate
    (401); check the model against the principal's allow-list (403; 413 when a larger body hides
@@ -100,16 +101,19 @@ class AuthMiddleware:
     def __init__(self, app: ASGIApp, *, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
-        self.open_paths = frozenset(gateway.config.open_paths)
+        paths = gateway.config.open_paths
+        self.open_paths = frozenset(p for p in paths if not p.endswith("*"))
+        self.open_prefixes = tuple(p[:-1] for p in paths if p.endswith("*"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._closing_on_shutdown(send))
             return
-        if scope["type"] == "websocket" and scope["path"] not in self.open_paths:
+        is_open = self._is_open(str(scope.get("path", "")))
+        if scope["type"] == "websocket" and not is_open:
             await self._websocket(scope, receive, send)
             return
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        if scope["type"] != "http" or is_open:
             scope.setdefault(PRINCIPAL_SCOPE_KEY, ANONYMOUS)
             await self.app(scope, receive, send)
             return
@@ -139,6 +143,10 @@ class AuthMiddleware:
         estimate = self._estimate(body, size)
         scope[GATEWAY_REQUEST_KEY] = GatewayRequest(identity.quota, model, estimate)
         await self.app(scope, receive, send)
+
+    def _is_open(self, path: str) -> bool:
+        """In open_paths, or under one of its prefixes (entries ending in "*")."""
+        return path in self.open_paths or path.startswith(self.open_prefixes)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """WebSockets authenticate like HTTP; a refusal closes with 1008 (policy violation)."""

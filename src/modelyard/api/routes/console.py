@@ -1,0 +1,123 @@
+"""The web console: its static files, and the one JSON document its dashboard polls.
+
+- `GET /ui` redirects to `/ui/`, which is `modelyard/ui/index.html`; `GET /ui/static/{path}`
+  is one of the files shipped under `modelyard/ui/static/` (anything else: 404). The gateway
+  lets these through without a key (its default open paths), so the page can ask for one;
+  every call the page makes for data carries the key as a Bearer token.
+- `GET /ui/api/summary`: what the dashboard shows, behind the gateway like every data route:
+  `{"time", "ready", "viewer": {"tenant", "admin", "auth"}, "models": [catalog entry + state,
+  memory, engine stats when loaded], "memory": {budget, used, reserved}, "metrics": {model:
+  cumulative counters and histograms (observability/summary.py)}, "usage": {"since",
+  "tenants"} or null}`. With auth on, an admin sees every tenant's usage and a tenant sees
+  its own; the catalog and the service-level metrics are what `/models` shows anyone.
+
+Files are read by FileResponse in a worker thread, the metrics in another: the event loop only
+reads the manager's listing (as `/models` does).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+from modelyard.api.generation import principal_of
+from modelyard.gateway.gateway import Gateway
+from modelyard.gateway.middleware import GATEWAY_KEY
+from modelyard.observability.summary import model_metrics
+
+UI_ROOT = Path(__file__).resolve().parents[2] / "ui"
+_MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+_HEADERS = {
+    "cache-control": "no-cache",  # revalidated by ETag: an upgraded server serves its own files
+    "x-content-type-options": "nosniff",
+    "content-security-policy": (
+        "default-src 'self'; img-src 'self' blob: data:; frame-ancestors 'none'; "
+        "base-uri 'none'; form-action 'none'"
+    ),
+}
+
+router = APIRouter(include_in_schema=False)
+
+
+def _manifest(root: Path) -> dict[str, Path]:
+    """`{"js/app.js": path}` for every servable file under root (read once, at import)."""
+    return {
+        path.relative_to(root).as_posix(): path
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.suffix in _MEDIA_TYPES
+    }
+
+
+_STATIC = _manifest(UI_ROOT / "static")
+
+
+def _file(path: Path) -> FileResponse:
+    return FileResponse(path, media_type=_MEDIA_TYPES[path.suffix], headers=_HEADERS)
+
+
+@router.api_route("/ui", methods=["GET", "HEAD"])
+async def console_redirect() -> RedirectResponse:
+    return RedirectResponse("/ui/", status_code=307)
+
+
+@router.api_route("/ui/", methods=["GET", "HEAD"])
+async def console_index() -> FileResponse:
+    return _file(UI_ROOT / "index.html")
+
+
+@router.api_route("/ui/static/{name:path}", methods=["GET", "HEAD"])
+async def console_static(name: str) -> Response:
+    path = _STATIC.get(name)
+    if path is None:
+        return Response("not found", status_code=404, media_type="text/plain")
+    return _file(path)
+
+
+@router.get("/ui/api/summary")
+async def console_summary(request: Request) -> dict[str, Any]:
+    listing: dict[str, Any] = request.app.state.provider.describe()
+    metrics = await anyio.to_thread.run_sync(model_metrics)
+    principal = principal_of(request)
+    gateway: Gateway | None = request.scope.get(GATEWAY_KEY)
+    auth = gateway is not None and gateway.authenticator.enabled
+    usage: dict[str, Any] | None = None
+    if gateway is not None:
+        usage = gateway.usage.snapshot()
+        if auth and not principal.is_admin:
+            own = usage["tenants"].get(principal.tenant)
+            usage["tenants"] = {principal.tenant: own} if own else {}
+    return {
+        "time": time.time(),
+        "ready": bool(request.app.state.ready),
+        "viewer": {"tenant": principal.tenant, "admin": principal.is_admin, "auth": auth},
+        "models": models_with_state(listing, metrics),
+        "memory": listing.get("memory", {}),
+        "metrics": metrics,
+        "usage": usage,
+    }
+
+
+def models_with_state(listing: dict[str, Any], metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The catalog entries, each with its loaded-model fields (memory, engine stats) merged in
+    and `status`: loaded | loading | failed | evicted (unloaded after an eviction) | unloaded."""
+    loaded = {m["id"]: m for m in listing.get("loaded_models", [])}
+    models = []
+    for spec in listing.get("available_models", listing.get("models", [])):
+        entry = {**spec, **loaded.get(spec["id"], {})}
+        status = str(entry.get("state", "unloaded"))
+        if status == "unloaded" and metrics.get(spec["id"], {}).get("evictions", 0) > 0:
+            status = "evicted"
+        entry["status"] = status
+        models.append(entry)
+    return models

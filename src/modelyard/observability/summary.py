@@ -1,0 +1,103 @@
+"""The server's own metrics as JSON, per model, for the web console's dashboard.
+
+The console polls `GET /ui/api/summary` (api/routes/console.py) every few seconds and works
+out windowed values itself from two snapshots, as Prometheus' `rate()` and
+`histogram_quantile()` do: request rate = Δrequests / Δt, TTFT p50 = the quantile of the
+bucket deltas. So this module only reads cumulative values, never keeps state:
+
+- `model_metrics()`: `{model: {...}}` from the prometheus-client metric objects of this
+  process (observability/metrics.py) that are updated as requests happen, label sets other
+  than `model` summed (e.g. tenant). Engine state (KV cache, prefix cache) is not here: it is
+  in the manager's listing of loaded models, read fresh on every call;
+- a histogram is `{"le": [upper bounds, +Inf last], "counts": [cumulative], "sum", "count"}`.
+
+Reading a metric object walks its children under prometheus-client's lock; callers run it in
+a worker thread (a sync route), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.samples import Sample
+
+from modelyard.observability import metrics as m
+
+HistogramSnapshot = dict[str, Any]  # {"le": [...], "counts": [...], "sum": float, "count": int}
+
+# Histograms and counters the dashboard shows, by the key they get in a model's entry.
+_HISTOGRAMS: dict[str, Histogram] = {
+    "ttft": m.TIME_TO_FIRST_TOKEN,
+    "itl": m.INTER_TOKEN_LATENCY,
+    "e2e": m.E2E_REQUEST_LATENCY,
+    "queue": m.REQUEST_QUEUE_TIME,
+    "inference": m.INFERENCE_REQUEST_DURATION,
+}
+_COUNTERS: dict[str, Counter] = {
+    "llm_requests": m.REQUEST_SUCCESS,
+    "inference_requests": m.INFERENCE_REQUESTS,
+    "prompt_tokens": m.PROMPT_TOKENS,
+    "generation_tokens": m.GENERATION_TOKENS,
+    "loads": m.MODEL_LOADS,
+    "evictions": m.MODEL_EVICTIONS,
+}
+
+
+def _samples(metric: Counter | Histogram) -> Iterator[Sample]:
+    for family in metric.collect():
+        yield from family.samples
+
+
+def counter_by_model(metric: Counter) -> dict[str, float]:
+    """A counter's `_total` summed per `model` label (other labels added together)."""
+    totals: dict[str, float] = {}
+    for sample in _samples(metric):
+        if sample.name.endswith("_total"):
+            model = sample.labels.get("model", "")
+            totals[model] = totals.get(model, 0.0) + sample.value
+    return totals
+
+
+def histogram_by_model(metric: Histogram) -> dict[str, HistogramSnapshot]:
+    """A histogram's cumulative buckets, sum and count per `model` label (others added)."""
+    buckets: dict[str, dict[float, float]] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for sample in _samples(metric):
+        model = sample.labels.get("model", "")
+        if sample.name.endswith("_bucket"):
+            per_le = buckets.setdefault(model, {})
+            le = float(sample.labels["le"])
+            per_le[le] = per_le.get(le, 0.0) + sample.value
+        elif sample.name.endswith("_sum"):
+            sums[model] = sums.get(model, 0.0) + sample.value
+        elif sample.name.endswith("_count"):
+            counts[model] = counts.get(model, 0.0) + sample.value
+    snapshots: dict[str, HistogramSnapshot] = {}
+    for model, per_le in buckets.items():
+        bounds = sorted(per_le)
+        snapshots[model] = {
+            "le": [b if math.isfinite(b) else "+Inf" for b in bounds],
+            "counts": [int(per_le[b]) for b in bounds],
+            "sum": sums.get(model, 0.0),
+            "count": int(counts.get(model, 0.0)),
+        }
+    return snapshots
+
+
+def model_metrics() -> dict[str, dict[str, Any]]:
+    """`{model: {counter key: value, histogram key: HistogramSnapshot, "requests": n}}` for
+    every model with at least one series; `requests` adds finished LLM and non-LLM requests."""
+    per_model: dict[str, dict[str, Any]] = {}
+    for key, counter in _COUNTERS.items():
+        for model, value in counter_by_model(counter).items():
+            per_model.setdefault(model, {})[key] = value
+    for key, histogram in _HISTOGRAMS.items():
+        for model, snapshot in histogram_by_model(histogram).items():
+            per_model.setdefault(model, {})[key] = snapshot
+    for entry in per_model.values():
+        entry["requests"] = int(entry.get("llm_requests", 0) + entry.get("inference_requests", 0))
+    return per_model

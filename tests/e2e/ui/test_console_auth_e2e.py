@@ -1,0 +1,149 @@
+"""The console behind the gateway with auth on, in a real headless chromium against a real
+`modelyard serve` (default catalog, nothing preloaded): the page loads without a key and asks
+for one; a tenant key shows the catalog and only that tenant's usage; an admin key shows every
+tenant; a wrong key is refused in the dialog. One server and one browser for the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from console_browser import chromium, screenshot, script_errors, start_default_server, wait
+from e2e_server import ServerProcess, stop_server
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from modelyard.gateway.keys import SqliteKeyStore, new_record
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TENANT, ADMIN = "acme", "ops"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    store = SqliteKeyStore(tmp_path_factory.mktemp("console-keys") / "keys.db")
+    made = {}
+    for tenant, admin in ((TENANT, False), (ADMIN, True)):
+        key, record = new_record(tenant, admin=admin)
+        store.add(record)
+        made[tenant] = key
+    made["db"] = str(store.path)
+    return made
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]
+) -> Iterator[ServerProcess]:
+    config = f"gateway:\n  auth: on\n  keys: {{sqlite_path: {keys['db']}, cache_ttl_s: 0}}\n"
+    tmp: Path = tmp_path_factory.mktemp("console-auth-e2e")
+    running = start_default_server(tmp, "--no-preload", config=config)
+    try:
+        yield running
+    finally:
+        stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def browser(server: ServerProcess) -> Iterator[WebDriver]:
+    with chromium() as driver:
+        yield driver
+        # 401s are expected (the page asks for a key after one); nothing else may fail
+        assert script_errors(driver, allowed=("401 (Unauthorized)",)) == []
+
+
+def _use_key(driver: WebDriver, key: str) -> None:
+    wait(
+        driver,
+        lambda d: d.find_element(By.ID, "key-dialog").get_attribute("open") is not None,
+        10,
+        "the key dialog",
+    )
+    field = driver.find_element(By.ID, "key-input")
+    field.clear()
+    field.send_keys(key)
+    driver.find_element(By.ID, "key-save").click()
+
+
+def test_the_page_loads_without_a_key_and_asks_for_one(
+    server: ServerProcess, browser: WebDriver
+) -> None:
+    assert httpx.get(server.url + "/ui/api/summary", timeout=10).status_code == 401
+    browser.get(server.url + "/ui/")
+    wait(
+        browser,
+        lambda d: d.find_element(By.ID, "key-dialog").get_attribute("open") is not None,
+        15,
+        "the key dialog",
+    )
+    assert "needs an API key" in browser.find_element(By.ID, "key-message").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#models-body tr") == []
+    screenshot(browser, "auth-key-dialog")
+
+
+def test_a_wrong_key_is_refused(server: ServerProcess, browser: WebDriver) -> None:
+    _use_key(browser, "my-not-a-key")
+    wait(
+        browser,
+        lambda d: "refused" in d.find_element(By.ID, "key-message").text,
+        15,
+        "the refusal in the dialog",
+    )
+
+
+def test_a_tenant_key_shows_the_catalog_and_its_own_usage(
+    server: ServerProcess, browser: WebDriver, keys: dict[str, str]
+) -> None:
+    admin_headers = {"authorization": f"Bearer {keys[ADMIN]}"}
+    assert httpx.get(server.url + "/models", headers=admin_headers, timeout=10).is_success
+    _use_key(browser, keys[TENANT])
+    wait(browser, lambda d: d.find_element(By.ID, "viewer").text == TENANT, 15, "the tenant")
+    catalog = httpx.get(server.url + "/models", headers=admin_headers, timeout=10).json()
+    wait(
+        browser,
+        lambda d: (
+            len(d.find_elements(By.CSS_SELECTOR, "#models-body tr"))
+            == len(catalog["available_models"])
+        ),
+        15,
+        "the catalog",
+    )
+    wait(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, f'#tenants-body tr[data-tenant="{TENANT}"]'),
+        15,
+        "the tenant's own usage",
+    )
+    tenants = browser.find_elements(By.CSS_SELECTOR, "#tenants-body tr[data-tenant]")
+    assert [t.get_attribute("data-tenant") for t in tenants] == [TENANT]
+    screenshot(browser, "auth-tenant")
+
+
+def test_an_admin_key_shows_every_tenant(
+    server: ServerProcess, browser: WebDriver, keys: dict[str, str]
+) -> None:
+    browser.find_element(By.ID, "key-button").click()
+    _use_key(browser, keys[ADMIN])
+    wait(
+        browser,
+        lambda d: d.find_element(By.ID, "viewer").text == f"{ADMIN} · admin",
+        15,
+        "the admin viewer",
+    )
+    wait(
+        browser,
+        lambda d: (
+            {
+                t.get_attribute("data-tenant")
+                for t in d.find_elements(By.CSS_SELECTOR, "#tenants-body tr[data-tenant]")
+            }
+            >= {TENANT, ADMIN}
+        ),
+        15,
+        "both tenants in the usage table",
+    )
+    screenshot(browser, "auth-admin")
