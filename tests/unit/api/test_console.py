@@ -166,3 +166,14 @@ async def test_a_tenant_sees_its_own_usage_and_an_admin_every_tenant(
 
 def _bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
+
+
+async def test_features_tell_which_optional_apis_are_served(provider: ListingProvider) -> None:
+    app = build_app(provider, ModelyardConfig())
+    async with make_client(app) as client:
+        before = (await client.get("/ui/api/summary")).json()["features"]
+        app.add_api_route("/v1/agent/ask", lambda: {}, methods=["POST"])
+        after = (await client.get("/ui/api/summary")).json()["features"]
+    assert before["agent"] is False
+    assert after["agent"] is True
+    assert set(after) == {"prefixes", "agent"}

@@ -10,6 +10,8 @@
   cumulative counters and histograms (observability/summary.py)}, "usage": {"since",
   "tenants"} or null}`. With auth on, an admin sees every tenant's usage and a tenant sees
   its own; the catalog and the service-level metrics are what `/models` shows anyone.
+  `"features": {"prefixes", "agent"}` say whether the optional APIs the console can use
+  (OPTIONAL_APIS) are served here.
 
 Files are read by FileResponse in a worker thread, the metrics in another: the event loop only
 reads the manager's listing (as `/models` does).
@@ -46,6 +48,9 @@ _HEADERS = {
         "base-uri 'none'; form-action 'none'"
     ),
 }
+
+# APIs the console uses when the server has them: pinned prefixes (CAG) and the knowledge agent.
+OPTIONAL_APIS = {"prefixes": "/v1/prefixes", "agent": "/v1/agent/ask"}
 
 router = APIRouter(include_in_schema=False)
 
@@ -105,7 +110,14 @@ async def console_summary(request: Request) -> dict[str, Any]:
         "memory": listing.get("memory", {}),
         "metrics": metrics,
         "usage": usage,
+        "features": _features(request),
     }
+
+
+def _features(request: Request) -> dict[str, bool]:
+    """Which optional APIs this server has (the console hides what it cannot call)."""
+    paths = {getattr(route, "path", None) for route in request.app.routes}
+    return {name: path in paths for name, path in OPTIONAL_APIS.items()}
 
 
 def models_with_state(listing: dict[str, Any], metrics: dict[str, Any]) -> list[dict[str, Any]]:

@@ -45,3 +45,13 @@ async function ask(event) {
 export function initAgent() {
   $("#agent-form").addEventListener("submit", ask);
 }
+
+/** Enable the question box when the server has the agent (summary.features.agent). */
+export function setAgentAvailable(available) {
+  $("#agent-ask").disabled = !available;
+  $("#agent-question").disabled = !available;
+  if (!available) setStatus($("#agent-status"), "This server has no knowledge agent.", "info");
+  else if ($("#agent-status").textContent === "This server has no knowledge agent.") {
+    setStatus($("#agent-status"), "");
+  }
+}

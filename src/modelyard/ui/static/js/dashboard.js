@@ -17,6 +17,7 @@ const PALETTE = ["#4f6bed", "#e8833a", "#2aa876", "#c94f7c", "#8d6cd9", "#d4b106
 const history = []; // [{t, summary}] oldest first
 const listeners = [];
 let timer = null;
+let prefixes = null; // the last GET /v1/prefixes answer; null while unknown
 
 /** Called with every new summary (the playground fills its model menus from it). */
 export function onSummary(listener) {
@@ -42,6 +43,9 @@ export async function poll() {
   const status = $("#dash-status");
   try {
     const summary = await getJSON("/ui/api/summary");
+    if (summary.features?.prefixes && summary.models.some((m) => m.engine && !m.engine.error)) {
+      prefixes = await pinnedPrefixes();
+    }
     history.push({ t: summary.time, summary });
     if (history.length > HISTORY) history.shift();
     setStatus(status, "");
@@ -52,6 +56,15 @@ export async function poll() {
     document.body.dataset.live = "off";
     setStatus(status, err.status === 401 ? "An API key is needed to see the dashboard."
       : `Could not load the summary: ${err.message}`);
+  }
+}
+
+/** The pins this key may see (GET /v1/prefixes), or null when they cannot be listed. */
+async function pinnedPrefixes() {
+  try {
+    return await getJSON("/v1/prefixes");
+  } catch {
+    return null;
   }
 }
 
@@ -229,7 +242,6 @@ function renderKv(summary) {
     const e = m.engine;
     const used = e.num_blocks - e.num_free_blocks;
     const hitRate = e.prefix_cache_queries > 0 ? e.prefix_cache_hits / e.prefix_cache_queries : null;
-    const pinned = Object.entries(e).filter(([k]) => k.includes("pinned"));
     return h("div", { class: "kv", dataset: { model: m.id } },
       h("div", { class: "kv-head" }, h("strong", {}, m.id),
         h("span", { class: "muted" }, `${(100 * e.kv_cache_usage).toFixed(1)} % · ${used} / ${e.num_blocks} blocks`)),
@@ -237,9 +249,36 @@ function renderKv(summary) {
       h("dl", { class: "facts" },
         fact("running", e.num_running), fact("waiting", e.num_waiting),
         fact("prefix-cache hits", hitRate === null ? "—" : `${(100 * hitRate).toFixed(1)} %`),
-        fact("preemptions", e.num_preemptions),
-        pinned.map(([k, v]) => fact(k.replaceAll("_", " "), v))));
+        fact("preemptions", e.num_preemptions)),
+      pinnedSection(m, e));
   }));
+}
+
+/** Pinned prefixes of one engine: blocks held against the pin budget, and the pins this key
+ * may see (its own tenant's; an admin's: all). */
+function pinnedSection(model, engine) {
+  const budget = prefixes?.models?.[model.id];
+  const pins = (prefixes?.data ?? []).filter((p) => p.model === model.id);
+  const blocks = budget?.pinned_blocks ?? engine.num_pinned_blocks;
+  if (blocks === undefined) return null; // an engine without pinned prefixes
+  const count = engine.num_pinned_prefixes ?? pins.length;
+  const max = budget?.max_pinned_blocks;
+  const label = `${count} pinned prefix${count === 1 ? "" : "es"} · ${blocks}${max ? ` / ${max}` : ""} blocks`
+    + (engine.pinned_prefix_hits !== undefined ? ` · ${engine.pinned_prefix_hits} hits` : "");
+  const now = Date.now() / 1000;
+  return h("div", { class: "pins" },
+    h("div", { class: "kv-head" }, h("span", {}, "Pinned"), h("span", { class: "muted" }, label)),
+    max ? bar(blocks / max, { kind: "pin" }) : null,
+    pins.length ? h("table", { class: "table compact" },
+      h("thead", {}, h("tr", {}, h("th", {}, "prefix"), h("th", { class: "num" }, "tokens"),
+        h("th", { class: "num" }, "blocks"), h("th", { class: "num" }, "hits"),
+        h("th", { class: "num" }, "expires in"))),
+      h("tbody", {}, pins.map((p) => h("tr", { dataset: { prefix: p.id } },
+        h("td", { title: p.owner ? `owner: ${p.owner}` : "" }, p.id),
+        h("td", { class: "num" }, formatCount(p.num_tokens)),
+        h("td", { class: "num" }, formatCount(p.num_blocks)),
+        h("td", { class: "num" }, formatCount(p.hits)),
+        h("td", { class: "num" }, formatAgo(p.expires_at - now)))))) : null);
 }
 
 function fact(label, value) {

@@ -1,7 +1,7 @@
 // The console's entry point: tabs, the API-key dialog, model menus, and the dashboard poller.
 
 import { apiKey, setApiKey, setAuthRequiredHandler } from "./api.js";
-import { initAgent } from "./agent.js";
+import { initAgent, setAgentAvailable } from "./agent.js";
 import { initChat } from "./chat.js";
 import { onSummary, poll, startDashboard } from "./dashboard.js";
 import { $, $$, h } from "./dom.js";
@@ -79,6 +79,7 @@ function init() {
   initImage();
   initAgent();
   onSummary(fillMenus);
+  onSummary((summary) => setAgentAvailable(Boolean(summary.features?.agent)));
   startDashboard();
 }
 
