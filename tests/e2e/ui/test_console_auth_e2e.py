@@ -147,3 +147,29 @@ def test_an_admin_key_shows_every_tenant(
         "both tenants in the usage table",
     )
     screenshot(browser, "auth-admin")
+
+
+def test_windowed_quantiles_follow_prometheus(server: ServerProcess, browser: WebDriver) -> None:
+    """stats.js in the page: bucket deltas and linear interpolation inside the bucket, the
+    +Inf bucket answered with the last finite bound (histogram_quantile's rules)."""
+    result = browser.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        import("/ui/static/js/stats.js").then((s) => {
+          const before = {le: [0.1, 0.2, 0.5, "+Inf"], counts: [1, 1, 1, 1], sum: 0.05, count: 1};
+          const now = {le: [0.1, 0.2, 0.5, "+Inf"], counts: [3, 7, 11, 11], sum: 2.05, count: 11};
+          const delta = s.histDelta(now, before);
+          const tail = {le: [0.1, 0.2, 0.5, "+Inf"], counts: [2, 6, 10, 12], sum: 9, count: 12};
+          done([delta.counts, delta.count, s.quantile(0.5, delta), s.quantile(0.95, delta),
+                s.quantile(0.99, tail), s.mean(delta), s.quantile(0.5, s.histDelta(now, now))]);
+        });
+        """
+    )
+    counts, count, p50, p95, p99_tail, mean, empty = result
+    assert counts == [2, 6, 10, 10]
+    assert count == 10
+    assert p50 == pytest.approx(0.1 + 0.1 * (5 - 2) / 4)  # rank 5 in (0.1, 0.2]
+    assert p95 == pytest.approx(0.2 + 0.3 * (9.5 - 6) / 4)  # rank 9.5 in (0.2, 0.5]
+    assert p99_tail == pytest.approx(0.5)
+    assert mean == pytest.approx(0.2)
+    assert empty is None
