@@ -28,6 +28,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 600.0  # a first start converts the chat model's GGUF file (cached afterwards)
+# pytest-timeout's limit for a module whose first test starts the server (setup counts)
+MODULE_TIMEOUT_S = int(READY_TIMEOUT_S) + 300
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -61,17 +63,26 @@ def start_default_server(tmp: Path, *extra: str, config: str | None = None) -> S
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
     server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        _wait_ready(server)
+    except BaseException:  # a failure, or pytest-timeout's interrupt: never leave it running
+        stop_server(server)
+        raise
+    return server
+
+
+def _wait_ready(server: ServerProcess) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"server exited with {process.returncode}:\n{server.log()[-6000:]}")
+        if server.process.poll() is not None:
+            code = server.process.returncode
+            pytest.fail(f"server exited with {code}:\n{server.log()[-6000:]}")
         try:
             if httpx.get(server.url + "/ready", timeout=2).status_code == 200:
-                return server
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    stop_server(server)
     pytest.fail(f"server not ready after {READY_TIMEOUT_S} s:\n{server.log()[-6000:]}")
 
 

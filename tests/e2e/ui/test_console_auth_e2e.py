@@ -11,14 +11,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from console_browser import chromium, screenshot, script_errors, start_default_server, wait
+from console_browser import (
+    MODULE_TIMEOUT_S,
+    chromium,
+    screenshot,
+    script_errors,
+    start_default_server,
+    wait,
+)
 from e2e_server import ServerProcess, stop_server
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(MODULE_TIMEOUT_S)]
 
 TENANT, ADMIN = "acme", "ops"
 

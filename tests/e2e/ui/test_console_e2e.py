@@ -15,13 +15,20 @@ import httpx
 import numpy as np
 import pytest
 import skimage
-from console_browser import chromium, screenshot, script_errors, start_default_server, wait
+from console_browser import (
+    MODULE_TIMEOUT_S,
+    chromium,
+    screenshot,
+    script_errors,
+    start_default_server,
+    wait,
+)
 from e2e_server import ServerProcess, stop_server
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(MODULE_TIMEOUT_S)]
 
 CHAT_MODEL = "smollm2-135m-instruct"
 IMAGE_MODEL = "efficientnet-lite0"
