@@ -46,27 +46,33 @@ _COUNTERS: dict[str, Counter] = {
 }
 
 
-def _samples(metric: Counter | Histogram) -> Iterator[Sample]:
+def _samples(metric: Counter | Histogram, tenant: str | None) -> Iterator[Sample]:
+    """The metric's samples; with `tenant`, only that tenant's series (none when the metric
+    has no tenant label)."""
     for family in metric.collect():
-        yield from family.samples
+        for sample in family.samples:
+            if tenant is None or sample.labels.get("tenant") == tenant:
+                yield sample
 
 
-def counter_by_model(metric: Counter) -> dict[str, float]:
+def counter_by_model(metric: Counter, tenant: str | None = None) -> dict[str, float]:
     """A counter's `_total` summed per `model` label (other labels added together)."""
     totals: dict[str, float] = {}
-    for sample in _samples(metric):
+    for sample in _samples(metric, tenant):
         if sample.name.endswith("_total"):
             model = sample.labels.get("model", "")
             totals[model] = totals.get(model, 0.0) + sample.value
     return totals
 
 
-def histogram_by_model(metric: Histogram) -> dict[str, HistogramSnapshot]:
+def histogram_by_model(
+    metric: Histogram, tenant: str | None = None
+) -> dict[str, HistogramSnapshot]:
     """A histogram's cumulative buckets, sum and count per `model` label (others added)."""
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for sample in _samples(metric):
+    for sample in _samples(metric, tenant):
         model = sample.labels.get("model", "")
         if sample.name.endswith("_bucket"):
             per_le = buckets.setdefault(model, {})
@@ -88,16 +94,25 @@ def histogram_by_model(metric: Histogram) -> dict[str, HistogramSnapshot]:
     return snapshots
 
 
-def model_metrics() -> dict[str, dict[str, Any]]:
+def model_metrics(tenant: str | None = None) -> dict[str, dict[str, Any]]:
     """`{model: {counter key: value, histogram key: HistogramSnapshot, "requests": n}}` for
-    every model with at least one series; `requests` adds finished LLM and non-LLM requests."""
+    every model with at least one series; `requests` adds finished LLM and non-LLM requests.
+
+    With `tenant`: only the series labelled with that tenant (TTFT, e2e latency, prompt and
+    generation tokens), and `requests` is that tenant's finished LLM requests (the e2e count):
+    what one tenant may learn without seeing the others' traffic.
+    """
     per_model: dict[str, dict[str, Any]] = {}
     for key, counter in _COUNTERS.items():
-        for model, value in counter_by_model(counter).items():
+        for model, value in counter_by_model(counter, tenant).items():
             per_model.setdefault(model, {})[key] = value
     for key, histogram in _HISTOGRAMS.items():
-        for model, snapshot in histogram_by_model(histogram).items():
+        for model, snapshot in histogram_by_model(histogram, tenant).items():
             per_model.setdefault(model, {})[key] = snapshot
     for entry in per_model.values():
-        entry["requests"] = int(entry.get("llm_requests", 0) + entry.get("inference_requests", 0))
+        if tenant is None:
+            requests = entry.get("llm_requests", 0) + entry.get("inference_requests", 0)
+        else:
+            requests = entry.get("e2e", {}).get("count", 0)
+        entry["requests"] = int(requests)
     return per_model

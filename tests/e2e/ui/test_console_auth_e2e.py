@@ -127,6 +127,8 @@ def test_a_tenant_key_shows_the_catalog_and_its_own_usage(
     )
     tenants = browser.find_elements(By.CSS_SELECTOR, "#tenants-body tr[data-tenant]")
     assert [t.get_attribute("data-tenant") for t in tenants] == [TENANT]
+    assert not browser.find_element(By.ID, "server-cards").is_displayed()  # admins only
+    assert browser.find_element(By.ID, "tenant-note").is_displayed()
     screenshot(browser, "auth-tenant")
 
 
@@ -153,6 +155,8 @@ def test_an_admin_key_shows_every_tenant(
         15,
         "both tenants in the usage table",
     )
+    assert browser.find_element(By.ID, "server-cards").is_displayed()
+    assert "free" in browser.find_element(By.ID, "memory-legend").text
     screenshot(browser, "auth-admin")
 
 

@@ -109,7 +109,7 @@ def test_a_model_unloaded_after_an_eviction_is_evicted() -> None:
         "available_models": [{"id": "a", "state": "unloaded"}, {"id": "b", "state": "unloaded"}],
         "loaded_models": [],
     }
-    statuses = [m["status"] for m in models_with_state(listing, {"a": {"evictions": 2.0}})]
+    statuses = [m["status"] for m in models_with_state(listing, {"a": 2.0})]
     assert statuses == ["evicted", "unloaded"]
 
 
@@ -124,8 +124,12 @@ async def test_summary_counts_requests_per_model(provider: ListingProvider) -> N
 def _auth_config(tmp_path: Path) -> tuple[ModelyardConfig, dict[str, str]]:
     store = SqliteKeyStore(tmp_path / "keys.db")
     keys = {}
-    for name, admin in (("acme", False), ("globex", False), ("ops", True)):
-        key, record = new_record(name, admin=admin)
+    for name, admin, models in (
+        ("acme", False, None),
+        ("globex", False, ("img-b",)),
+        ("ops", True, None),
+    ):
+        key, record = new_record(name, admin=admin, models=models)
         store.add(record)
         keys[name] = key
     gateway = {"auth": "on", "keys": {"backend": "sqlite", "sqlite_path": str(store.path)}}
@@ -177,3 +181,25 @@ async def test_features_tell_which_optional_apis_are_served(provider: ListingPro
     assert before["agent"] is False
     assert after["agent"] is True
     assert set(after) == {"prefixes", "agent"}
+
+
+async def test_a_tenant_sees_its_models_and_its_own_traffic_only(
+    provider: ListingProvider, tmp_path: Path
+) -> None:
+    TIME_TO_FIRST_TOKEN.labels(model="img-b", tenant="globex").observe(0.5)
+    TIME_TO_FIRST_TOKEN.labels(model="img-b", tenant="acme").observe(0.5)
+    TIME_TO_FIRST_TOKEN.labels(model="chat-a", tenant="acme").observe(0.5)
+    config, keys = _auth_config(tmp_path)
+    async with make_client(build_app(provider, config)) as client:
+        globex = (await client.get("/ui/api/summary", headers=_bearer(keys["globex"]))).json()
+        admin = (await client.get("/ui/api/summary", headers=_bearer(keys["ops"]))).json()
+    assert [m["id"] for m in globex["models"]] == ["img-b"]  # its allow-list
+    assert set(globex["models"][0]) <= {"id", "kind", "pin", "state", "status"}
+    assert globex["memory"] is None
+    assert set(globex["metrics"]) <= {"img-b"}
+    own = globex["metrics"]["img-b"]["ttft"]["count"]
+    everyone = admin["metrics"]["img-b"]["ttft"]["count"]
+    assert everyone - own >= 1  # acme's request is not in globex's figures
+    assert "chat-a" in admin["metrics"]
+    assert admin["memory"]["budget_bytes"] == 1000
+    assert admin["models"][0]["memory_bytes"] == 123

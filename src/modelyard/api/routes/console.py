@@ -8,8 +8,9 @@
   `{"time", "ready", "viewer": {"tenant", "admin", "auth"}, "models": [catalog entry + state,
   memory, engine stats when loaded], "memory": {budget, used, reserved}, "metrics": {model:
   cumulative counters and histograms (observability/summary.py)}, "usage": {"since",
-  "tenants"} or null}`. With auth on, an admin sees every tenant's usage and a tenant sees
-  its own; the catalog and the service-level metrics are what `/models` shows anyone.
+  "tenants"} or null}`. An admin (or anyone when auth is off) sees all of it. A tenant sees
+  the models it may use (what each is and its state: no memory, process ids, engine stats or
+  errors), no memory budget, the metrics of its own requests only, and its own usage.
   `"features": {"prefixes", "agent"}` say whether the optional APIs the console can use
   (OPTIONAL_APIS) are served here.
 
@@ -28,9 +29,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from modelyard.api.generation import principal_of
+from modelyard.gateway.base import Principal
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.middleware import GATEWAY_KEY
-from modelyard.observability.summary import model_metrics
+from modelyard.observability.metrics import MODEL_EVICTIONS
+from modelyard.observability.summary import counter_by_model, model_metrics
 
 UI_ROOT = Path(__file__).resolve().parents[2] / "ui"
 _MEDIA_TYPES = {
@@ -49,6 +52,19 @@ _HEADERS = {
     ),
 }
 
+# What a tenant sees of each model (an admin, or anyone when auth is off, sees everything).
+_PUBLIC_FIELDS = (
+    "id",
+    "name",
+    "aliases",
+    "kind",
+    "backend",
+    "version",
+    "description",
+    "pin",
+    "state",
+    "status",
+)
 # APIs the console uses when the server has them: pinned prefixes (CAG) and the knowledge agent.
 OPTIONAL_APIS = {"prefixes": "/v1/prefixes", "agent": "/v1/agent/ask"}
 
@@ -91,27 +107,51 @@ async def console_static(name: str) -> Response:
 
 @router.get("/ui/api/summary")
 async def console_summary(request: Request) -> dict[str, Any]:
-    listing: dict[str, Any] = request.app.state.provider.describe()
-    metrics = await anyio.to_thread.run_sync(model_metrics)
     principal = principal_of(request)
     gateway: Gateway | None = request.scope.get(GATEWAY_KEY)
     auth = gateway is not None and gateway.authenticator.enabled
-    usage: dict[str, Any] | None = None
-    if gateway is not None:
-        usage = gateway.usage.snapshot()
-        if auth and not principal.is_admin:
-            own = usage["tenants"].get(principal.tenant)
-            usage["tenants"] = {principal.tenant: own} if own else {}
+    everything = not auth or principal.is_admin
+    listing: dict[str, Any] = request.app.state.provider.describe()
+    tenant = None if everything else principal.tenant
+    metrics = await anyio.to_thread.run_sync(model_metrics, tenant)
+    evictions = await anyio.to_thread.run_sync(counter_by_model, MODEL_EVICTIONS)
+    models = models_with_state(listing, evictions)
+    if not everything:
+        models = [_public(m) for m in models if _may_see(principal, m)]
+        visible = {m["id"] for m in models}
+        metrics = {name: value for name, value in metrics.items() if name in visible}
     return {
         "time": time.time(),
         "ready": bool(request.app.state.ready),
         "viewer": {"tenant": principal.tenant, "admin": principal.is_admin, "auth": auth},
-        "models": models_with_state(listing, metrics),
-        "memory": listing.get("memory", {}),
+        "models": models,
+        "memory": listing.get("memory", {}) if everything else None,
         "metrics": metrics,
-        "usage": usage,
+        "usage": _usage(gateway, principal, everything),
         "features": _features(request),
     }
+
+
+def _usage(gateway: Gateway | None, principal: Principal, everything: bool) -> Any:
+    """The gateway's per-tenant usage: every tenant's, or the caller's own."""
+    if gateway is None:
+        return None
+    usage: dict[str, Any] = gateway.usage.snapshot()
+    if not everything:
+        own = usage["tenants"].get(principal.tenant)
+        usage["tenants"] = {principal.tenant: own} if own else {}
+    return usage
+
+
+def _may_see(principal: Principal, model: dict[str, Any]) -> bool:
+    names = [str(model["id"]), str(model.get("name") or ""), *model.get("aliases", [])]
+    return any(principal.may_use(name) for name in names if name)
+
+
+def _public(model: dict[str, Any]) -> dict[str, Any]:
+    """What a tenant may see of a model: what it is and its state (no memory, process ids,
+    engine stats or load errors)."""
+    return {key: model[key] for key in _PUBLIC_FIELDS if key in model}
 
 
 def _features(request: Request) -> dict[str, bool]:
@@ -120,15 +160,16 @@ def _features(request: Request) -> dict[str, bool]:
     return {name: path in paths for name, path in OPTIONAL_APIS.items()}
 
 
-def models_with_state(listing: dict[str, Any], metrics: dict[str, Any]) -> list[dict[str, Any]]:
+def models_with_state(listing: dict[str, Any], evictions: dict[str, float]) -> list[dict[str, Any]]:
     """The catalog entries, each with its loaded-model fields (memory, engine stats) merged in
-    and `status`: loaded | loading | failed | evicted (unloaded after an eviction) | unloaded."""
+    and `status`: loaded | loading | failed | evicted (unloaded after an eviction: `evictions`
+    per model id) | unloaded."""
     loaded = {m["id"]: m for m in listing.get("loaded_models", [])}
     models = []
     for spec in listing.get("available_models", listing.get("models", [])):
         entry = {**spec, **loaded.get(spec["id"], {})}
         status = str(entry.get("state", "unloaded"))
-        if status == "unloaded" and metrics.get(spec["id"], {}).get("evictions", 0) > 0:
+        if status == "unloaded" and evictions.get(spec["id"], 0) > 0:
             status = "evicted"
         entry["status"] = status
         models.append(entry)

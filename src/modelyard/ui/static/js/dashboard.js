@@ -110,8 +110,13 @@ export function windowed() {
 function render(summary) {
   renderViewer(summary.viewer);
   renderTiles(summary);
-  renderMemory(summary);
-  renderKv(summary, prefixes);
+  // a tenant's view has no memory figures nor engine state: those cards are for admins
+  $("#server-cards").hidden = !summary.memory;
+  $("#tenant-note").hidden = Boolean(summary.memory);
+  if (summary.memory) {
+    renderMemory(summary);
+    renderKv(summary, prefixes);
+  }
   renderModels(summary);
   renderTenants(summary);
 }
@@ -123,6 +128,7 @@ function renderViewer(viewer) {
 
 function tile(id, label, value, sub, spark) {
   const el = $(`#${id}`);
+  el.classList.remove("stale");
   fill(el, h("div", { class: "tile-label" }, label), h("div", { class: "tile-value" }, value),
     h("div", { class: "tile-sub" }, sub), spark ?? "");
 }
@@ -142,13 +148,18 @@ function renderTiles(summary) {
   $("#tile-requests").dataset.total = String(current.requests);
   latencyTile("tile-ttft", "TTFT p50", (hist) => quantile(0.5, hist), w.ttft, current.ttft,
     sparkline(series(ttftMean)));
-  latencyTile("tile-itl", "ITL mean", mean, w.itl, current.itl);
+  if (memory) latencyTile("tile-itl", "ITL mean", mean, w.itl, current.itl);
+  else tile("tile-itl", "ITL mean", "—", "shown to admins"); // ITL has no tenant label
   tile("tile-tokens", "Tokens / s", formatRate(w.tokensPerS),
     `${formatCount(current.generation)} generated`);
-  tile("tile-inflight", "Running / waiting", `${running} / ${waiting}`,
-    `${llms.length} LLM engine${llms.length === 1 ? "" : "s"}`);
-  tile("tile-loaded", "Models loaded", `${loaded} / ${models.length}`,
-    `${formatBytes(memory.used_bytes)} of ${formatBytes(memory.budget_bytes)}`);
+  if (memory) {
+    tile("tile-inflight", "Running / waiting", `${running} / ${waiting}`,
+      `${llms.length} LLM engine${llms.length === 1 ? "" : "s"}`);
+  } else {
+    tile("tile-inflight", "Running / waiting", "—", "shown to admins");
+  }
+  tile("tile-loaded", "Models loaded", `${loaded} / ${models.length}`, memory
+    ? `${formatBytes(memory.used_bytes)} of ${formatBytes(memory.budget_bytes)}` : "that you may use");
   $("#window-note").textContent = `rates and quantiles over the last ${WINDOW_S} s`;
 }
 
