@@ -113,8 +113,7 @@ async def console_summary(request: Request) -> dict[str, Any]:
     everything = not auth or principal.is_admin
     listing: dict[str, Any] = request.app.state.provider.describe()
     tenant = None if everything else principal.tenant
-    metrics = await anyio.to_thread.run_sync(model_metrics, tenant)
-    evictions = await anyio.to_thread.run_sync(counter_by_model, MODEL_EVICTIONS)
+    metrics, evictions = await anyio.to_thread.run_sync(_read_metrics, tenant)
     models = models_with_state(listing, evictions)
     if not everything:
         models = [_public(m) for m in models if _may_see(principal, m)]
@@ -130,6 +129,11 @@ async def console_summary(request: Request) -> dict[str, Any]:
         "usage": _usage(gateway, principal, everything),
         "features": _features(request),
     }
+
+
+def _read_metrics(tenant: str | None) -> tuple[dict[str, Any], dict[str, float]]:
+    """(the metrics the viewer may see, evictions per model): in a worker thread."""
+    return model_metrics(tenant), counter_by_model(MODEL_EVICTIONS)
 
 
 def _usage(gateway: Gateway | None, principal: Principal, everything: bool) -> Any:
