@@ -236,4 +236,15 @@ def test_dashboard_shows_who_holds_the_memory(server: ServerProcess, browser: We
     row = browser.find_element(By.CSS_SELECTOR, f'#models-body tr[data-model="{IMAGE_MODEL}"]')
     assert row.get_attribute("data-status") == "loaded"
     assert int(row.find_element(By.CSS_SELECTOR, ".requests").text.replace(",", "")) >= 2
+    summary = httpx.get(server.url + "/ui/api/summary", timeout=10).json()
+    held = {m["id"]: m.get("memory_bytes", 0) for m in summary["models"]}
+    track = browser.find_element(By.ID, "memory-bar").size["width"]
+    for model in (CHAT_MODEL, IMAGE_MODEL):
+        segment = browser.find_element(By.CSS_SELECTOR, f'#memory-bar .seg[data-model="{model}"]')
+        share = held[model] / summary["memory"]["budget_bytes"]
+        assert segment.size["width"] / track == pytest.approx(share, abs=0.01)
+    for i in range(2):  # live figures for the screenshot
+        assert _chat(server, f"Name {i + 2} colours.", 16).status_code == 200
+    ttft = browser.find_element(By.ID, "tile-ttft")
+    wait(browser, lambda d: "stale" not in str(ttft.get_attribute("class")), 20, "a live TTFT")
     screenshot(browser, "dashboard-loaded")
