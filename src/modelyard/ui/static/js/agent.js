@@ -3,19 +3,43 @@
 
 import { ApiError, postJSON } from "./api.js";
 import { $, fill, h, setStatus } from "./dom.js";
+import { formatSeconds } from "./stats.js";
 
 export const AGENT_PATH = "/v1/agent/ask";
 
-/** {answer, chunks: [{text, source, score}], mode, calls, timings} for one question. */
+/**
+ * One question to the knowledge agent: POST /v1/agent/ask {question, mode, top_k, model?} ->
+ * {answer, mode, query?, chunks: [{chunk_id?, source, text, score}], calls: [{step, seconds}],
+ * e2e_s?}. The only place the console talks to the agent.
+ */
 export async function askAgent(question, { mode = "rag", topK = 4, model } = {}) {
   return postJSON(AGENT_PATH, { question, mode, top_k: topK, model });
 }
 
-function renderChunks(chunks) {
+/** "rag · 4 model calls (plan 0.8 s, retrieve 0.1 s, …) · 3.2 s · query: …" */
+function describeRun(result, mode) {
+  const parts = [result.mode ?? mode];
+  const calls = Array.isArray(result.calls) ? result.calls : [];
+  if (calls.length) {
+    const steps = calls.map((c) => `${c.step} ${formatSeconds(c.seconds)}`).join(", ");
+    parts.push(`${calls.length} model call${calls.length === 1 ? "" : "s"} (${steps})`);
+  }
+  if (result.e2e_s !== undefined) parts.push(formatSeconds(result.e2e_s));
+  if (result.query) parts.push(`query: ${result.query}`);
+  return parts.join(" · ");
+}
+
+const NO_CHUNKS = {
+  cag: "CAG retrieves nothing: the whole knowledge is the pinned prefix the answer reuses.",
+  none: "No context: the model answered alone.",
+};
+
+function renderChunks(chunks, mode) {
   fill($("#agent-chunks"), chunks.length ? chunks.map((c, i) => h("li", { dataset: { rank: i } },
-    h("div", { class: "chunk-head" }, h("span", { class: "chunk-source" }, c.source ?? `chunk ${i + 1}`),
+    h("div", { class: "chunk-head" },
+      h("span", { class: "chunk-source" }, c.chunk_id ?? c.source ?? `chunk ${i + 1}`),
       c.score === undefined ? null : h("span", { class: "score" }, Number(c.score).toFixed(3))),
-    h("p", { class: "chunk-text" }, c.text))) : h("li", { class: "muted" }, "No chunks retrieved."));
+    h("p", { class: "chunk-text" }, c.text))) : h("li", { class: "muted" }, NO_CHUNKS[mode] ?? "No chunks retrieved."));
 }
 
 async function ask(event) {
@@ -31,9 +55,8 @@ async function ask(event) {
     const mode = $("#agent-mode").value;
     const result = await askAgent(question, { mode, model: $("#agent-model").value || undefined });
     $("#agent-answer").textContent = result.answer;
-    renderChunks(result.chunks ?? []);
-    const calls = result.calls === undefined ? "" : ` · ${result.calls} model calls`;
-    setStatus(status, `${result.mode ?? mode}${calls}`, "info");
+    renderChunks(result.chunks ?? [], result.mode ?? mode);
+    setStatus(status, describeRun(result, mode), "info");
   } catch (err) {
     const missing = err instanceof ApiError && err.status === 404;
     setStatus(status, missing ? "This server has no knowledge agent." : err.message);
