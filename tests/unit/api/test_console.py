@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from api_fakes import FakeLLM, FakeProvider, make_client
+from fastapi import APIRouter
 
 from modelyard.api.app import build_app
 from modelyard.api.routes.console import UI_ROOT, models_with_state
@@ -176,7 +177,9 @@ async def test_features_tell_which_optional_apis_are_served(provider: ListingPro
     app = build_app(provider, ModelyardConfig())
     async with make_client(app) as client:
         before = (await client.get("/ui/api/summary")).json()["features"]
-        app.add_api_route("/v1/agent/ask", lambda: {}, methods=["POST"])
+        agent = APIRouter()  # included like the app's own route modules
+        agent.add_api_route("/v1/agent/ask", lambda: {}, methods=["POST"])
+        app.include_router(agent)
         after = (await client.get("/ui/api/summary")).json()["features"]
     assert before["agent"] is False
     assert after["agent"] is True

@@ -27,6 +27,7 @@ from typing import Any
 import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Match
 
 from modelyard.api.generation import principal_of
 from modelyard.gateway.base import Principal
@@ -66,7 +67,7 @@ _PUBLIC_FIELDS = (
     "status",
 )
 # APIs the console uses when the server has them: pinned prefixes (CAG) and the knowledge agent.
-OPTIONAL_APIS = {"prefixes": "/v1/prefixes", "agent": "/v1/agent/ask"}
+OPTIONAL_APIS = {"prefixes": ("GET", "/v1/prefixes"), "agent": ("POST", "/v1/agent/ask")}
 
 router = APIRouter(include_in_schema=False)
 
@@ -160,8 +161,16 @@ def _public(model: dict[str, Any]) -> dict[str, Any]:
 
 def _features(request: Request) -> dict[str, bool]:
     """Which optional APIs this server has (the console hides what it cannot call)."""
-    paths = {getattr(route, "path", None) for route in request.app.routes}
-    return {name: path in paths for name, path in OPTIONAL_APIS.items()}
+    return {
+        name: _serves(request.app.router.routes, path, method)
+        for name, (method, path) in OPTIONAL_APIS.items()
+    }
+
+
+def _serves(routes: list[BaseRoute], path: str, method: str) -> bool:
+    """Whether a route (included routers too) takes `method path`, as routing would match."""
+    scope = {"type": "http", "path": path, "method": method, "root_path": ""}
+    return any(route.matches(scope)[0] is Match.FULL for route in routes)
 
 
 def models_with_state(listing: dict[str, Any], evictions: dict[str, float]) -> list[dict[str, Any]]:
