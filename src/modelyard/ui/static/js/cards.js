@@ -75,7 +75,8 @@ function pinnedSection(model, engine, prefixes) {
   const count = engine.num_pinned_prefixes ?? pins.length;
   const max = budget?.max_pinned_blocks;
   const label = `${count} pinned prefix${count === 1 ? "" : "es"} · ${blocks}${max ? ` / ${max}` : ""} blocks`
-    + (engine.pinned_prefix_hits !== undefined ? ` · ${engine.pinned_prefix_hits} hits` : "");
+    + (engine.pinned_prefix_hits !== undefined
+      ? ` · ${engine.pinned_prefix_hits} hit${engine.pinned_prefix_hits === 1 ? "" : "s"}` : "");
   const now = Date.now() / 1000;
   return h("div", { class: "pins" },
     h("div", { class: "kv-head" }, h("span", {}, "Pinned"), h("span", { class: "muted" }, label)),
