@@ -91,6 +91,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # cumulative prompt tokens found there
     num_preemptions: int = 0  # cumulative
+    num_aborted: int = 0  # cumulative: live requests aborted (client gone, closed, timed out)
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs", kw_only=True):

@@ -149,6 +149,7 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
         self.num_preemptions = 0  # cumulative
+        self.num_aborted = 0  # cumulative: live requests aborted (not those already finished)
         self._finished_ids: set[str] = set()  # to hand to the runner with the next batch
         self._arrivals = itertools.count()
 
@@ -179,6 +180,7 @@ class Scheduler:
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is not None:
+                self.num_aborted += 1
                 self._finish(request, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
@@ -203,6 +205,7 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            num_aborted=self.num_aborted,
         )
 
     # ------------------------------------------------------------------ schedule

@@ -33,16 +33,12 @@ _HISTOGRAMS: dict[str, Histogram] = {
     "ttft": m.TIME_TO_FIRST_TOKEN,
     "itl": m.INTER_TOKEN_LATENCY,
     "e2e": m.E2E_REQUEST_LATENCY,
-    "queue": m.REQUEST_QUEUE_TIME,
     "inference": m.INFERENCE_REQUEST_DURATION,
 }
 _COUNTERS: dict[str, Counter] = {
-    "llm_requests": m.REQUEST_SUCCESS,
-    "inference_requests": m.INFERENCE_REQUESTS,
+    "requests": m.TENANT_MODEL_REQUESTS,  # served requests of every kind, by tenant
     "prompt_tokens": m.PROMPT_TOKENS,
     "generation_tokens": m.GENERATION_TOKENS,
-    "loads": m.MODEL_LOADS,
-    "evictions": m.MODEL_EVICTIONS,
 }
 
 
@@ -95,24 +91,18 @@ def histogram_by_model(
 
 
 def model_metrics(tenant: str | None = None) -> dict[str, dict[str, Any]]:
-    """`{model: {counter key: value, histogram key: HistogramSnapshot, "requests": n}}` for
-    every model with at least one series; `requests` adds finished LLM and non-LLM requests.
+    """`{model: {counter key: value, histogram key: HistogramSnapshot}}` for every model with
+    at least one series; `requests` counts the requests each model served (every kind).
 
-    With `tenant`: only the series labelled with that tenant (TTFT, e2e latency, prompt and
-    generation tokens), and `requests` is that tenant's finished LLM requests (the e2e count):
-    what one tenant may learn without seeing the others' traffic.
+    With `tenant`: only the series labelled with that tenant (requests, TTFT, e2e latency,
+    prompt and generation tokens): what one tenant may learn without seeing the others'
+    traffic. ITL and non-LLM latency have no tenant label, so a tenant gets neither.
     """
     per_model: dict[str, dict[str, Any]] = {}
     for key, counter in _COUNTERS.items():
         for model, value in counter_by_model(counter, tenant).items():
-            per_model.setdefault(model, {})[key] = value
+            per_model.setdefault(model, {})[key] = int(value)
     for key, histogram in _HISTOGRAMS.items():
         for model, snapshot in histogram_by_model(histogram, tenant).items():
             per_model.setdefault(model, {})[key] = snapshot
-    for entry in per_model.values():
-        if tenant is None:
-            requests = entry.get("llm_requests", 0) + entry.get("inference_requests", 0)
-        else:
-            requests = entry.get("e2e", {}).get("count", 0)
-        entry["requests"] = int(requests)
     return per_model

@@ -14,7 +14,7 @@ from modelyard.api.app import build_app
 from modelyard.api.routes.console import UI_ROOT, models_with_state
 from modelyard.config import ModelyardConfig
 from modelyard.gateway.keys import SqliteKeyStore, new_record
-from modelyard.observability.metrics import INFERENCE_REQUESTS, TIME_TO_FIRST_TOKEN
+from modelyard.observability.metrics import TIME_TO_FIRST_TOKEN
 
 pytestmark = pytest.mark.unit
 
@@ -92,7 +92,7 @@ async def test_summary_shape_with_auth_off(provider: ListingProvider) -> None:
     TIME_TO_FIRST_TOKEN.labels(model="chat-a", tenant="t2").observe(0.3)
     async with make_client(build_app(provider, ModelyardConfig())) as client:
         body = (await client.get("/ui/api/summary")).json()
-    assert body["viewer"] == {"tenant": "anonymous", "admin": False, "auth": False}
+    assert body["viewer"] == {"tenant": "anonymous", "admin": True, "auth": False}  # sees all
     assert [m["id"] for m in body["models"]] == ["chat-a", "img-b"]
     chat = body["models"][0]
     assert chat["memory_bytes"] == 123
@@ -114,12 +114,14 @@ def test_a_model_unloaded_after_an_eviction_is_evicted() -> None:
     assert statuses == ["evicted", "unloaded"]
 
 
-async def test_summary_counts_requests_per_model(provider: ListingProvider) -> None:
+async def test_summary_counts_the_requests_each_model_served(provider: ListingProvider) -> None:
+    chat = {"model": "chat-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     async with make_client(build_app(provider, ModelyardConfig())) as client:
         before = (await client.get("/ui/api/summary")).json()["metrics"]
-        INFERENCE_REQUESTS.labels(model="img-b", outcome="ok").inc(3)
+        for _ in range(2):
+            assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
         after = (await client.get("/ui/api/summary")).json()["metrics"]
-    assert after["img-b"]["requests"] - before.get("img-b", {}).get("requests", 0) == 3
+    assert after["chat-a"]["requests"] - before.get("chat-a", {}).get("requests", 0) == 2
 
 
 def _auth_config(tmp_path: Path) -> tuple[ModelyardConfig, dict[str, str]]:

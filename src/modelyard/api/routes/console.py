@@ -29,10 +29,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Match
 
-from modelyard.api.generation import principal_of
+from modelyard.api.listing import visible_catalog
 from modelyard.gateway.base import Principal
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.middleware import GATEWAY_KEY
+from modelyard.gateway.request_path import principal_of
 from modelyard.observability.metrics import MODEL_EVICTIONS
 from modelyard.observability.summary import counter_by_model, model_metrics
 
@@ -111,14 +112,14 @@ async def console_summary(request: Request) -> dict[str, Any]:
     principal = principal_of(request)
     gateway: Gateway | None = request.scope.get(GATEWAY_KEY)
     auth = gateway is not None and gateway.authenticator.enabled
-    everything = not auth or principal.is_admin
-    listing: dict[str, Any] = request.app.state.provider.describe()
+    everything = principal.is_admin  # an admin, or anyone when auth is off
+    allowed, listing, _ = visible_catalog(request)  # the policy of GET /models
     tenant = None if everything else principal.tenant
     metrics, evictions = await anyio.to_thread.run_sync(_read_metrics, tenant)
     models = models_with_state(listing, evictions)
     if not everything:
-        models = [_public(m) for m in models if _may_see(principal, m)]
-        visible = {m["id"] for m in models}
+        visible = {m["id"] for m in allowed}
+        models = [_public(m) for m in models if m["id"] in visible]
         metrics = {name: value for name, value in metrics.items() if name in visible}
     return {
         "time": time.time(),
@@ -146,11 +147,6 @@ def _usage(gateway: Gateway | None, principal: Principal, everything: bool) -> A
         own = usage["tenants"].get(principal.tenant)
         usage["tenants"] = {principal.tenant: own} if own else {}
     return usage
-
-
-def _may_see(principal: Principal, model: dict[str, Any]) -> bool:
-    names = [str(model["id"]), str(model.get("name") or ""), *model.get("aliases", [])]
-    return any(principal.may_use(name) for name in names if name)
 
 
 def _public(model: dict[str, Any]) -> dict[str, Any]:
