@@ -10,12 +10,14 @@ import {
 } from "./stats.js";
 
 const POLL_MS = 2000;
+const MAX_POLL_MS = 32000;
 const WINDOW_S = 30; // rates and latency quantiles are over the last 30 s
 const HISTORY = 90; // snapshots kept (3 min at 2 s): the sparklines
 
 const history = []; // [{t, summary}] oldest first
 const listeners = [];
 let timer = null;
+let delay = POLL_MS;
 let prefixes = null; // the last GET /v1/prefixes answer; null while unknown
 
 /** Called with every new summary (the playground fills its model menus from it). */
@@ -31,13 +33,15 @@ export function startDashboard() {
   if (timer !== null) return;
   const tick = async () => {
     // nothing to show while hidden, nor while the key dialog waits for a key
-    if (!document.hidden && !$("#key-dialog").open) await poll();
-    timer = setTimeout(tick, POLL_MS);
+    const ok = document.hidden || $("#key-dialog").open || await poll();
+    // each poll is a request against the key's rate limit: back off while refused (429)
+    delay = ok ? POLL_MS : Math.min(MAX_POLL_MS, delay * 2);
+    timer = setTimeout(tick, delay);
   };
   tick();
 }
 
-/** Fetch one summary now (also after the key changed). */
+/** Fetch one summary now (also after the key changed); false when the server said 429. */
 export async function poll() {
   const status = $("#dash-status");
   try {
@@ -55,7 +59,9 @@ export async function poll() {
     document.body.dataset.live = "off";
     setStatus(status, err.status === 401 ? "An API key is needed to see the dashboard."
       : `Could not load the summary: ${err.message}`);
+    return err.status !== 429;
   }
+  return true;
 }
 
 /** The pins this key may see (GET /v1/prefixes), or null when they cannot be listed. */
