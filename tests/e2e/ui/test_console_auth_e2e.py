@@ -113,8 +113,7 @@ def test_a_tenant_key_shows_the_catalog_and_its_own_usage(
     wait(
         browser,
         lambda d: (
-            len(d.find_elements(By.CSS_SELECTOR, "#models-body tr"))
-            == len(catalog["available_models"])
+            len(d.find_elements(By.CSS_SELECTOR, "#models-body tr")) == len(catalog["models"])
         ),
         15,
         "the catalog",

@@ -84,7 +84,7 @@ def test_dashboard_shows_the_catalog_and_live_metrics(
         "the chat model shown as loaded",
     )
     rows = browser.find_elements(By.CSS_SELECTOR, "#models-body tr")
-    catalog = httpx.get(server.url + "/models", timeout=10).json()["available_models"]
+    catalog = httpx.get(server.url + "/models", timeout=10).json()["models"]
     assert [r.get_attribute("data-model") for r in rows] == [m["id"] for m in catalog]
     assert "loaded" in _text(browser, f"{row} .status-cell")
     assert browser.find_elements(By.CSS_SELECTOR, f'#memory-bar .seg[data-model="{CHAT_MODEL}"]')
