@@ -51,7 +51,7 @@ export async function poll() {
     }
     history.push({ t: summary.time, summary });
     if (history.length > HISTORY) history.shift();
-    setStatus(status, "");
+    setStatus(status, summary.ready ? "" : "Starting: the preloaded models are loading…", "info");
     render(summary);
     document.body.dataset.live = "on";
     for (const listener of listeners) listener(summary);
