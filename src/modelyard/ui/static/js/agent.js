@@ -1,7 +1,7 @@
 // Playground agent: one question to the knowledge agent, its answer next to the chunks it
 // retrieved. The whole call is askAgent(); the rest only draws its result.
 
-import { ApiError, postJSON } from "./api.js";
+import { postJSON } from "./api.js";
 import { $, fill, h, setStatus } from "./dom.js";
 import { formatSeconds } from "./stats.js";
 
@@ -58,8 +58,7 @@ async function ask(event) {
     renderChunks(result.chunks ?? [], result.mode ?? mode);
     setStatus(status, describeRun(result, mode), "info");
   } catch (err) {
-    const missing = err instanceof ApiError && err.status === 404;
-    setStatus(status, missing ? "This server has no knowledge agent." : err.message);
+    setStatus(status, err.message); // e.g. no index yet: the server says which command makes one
   } finally {
     $("#agent-ask").disabled = false;
   }
