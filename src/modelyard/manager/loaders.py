@@ -15,10 +15,12 @@ from typing import Any, Protocol
 
 import psutil
 
+from modelyard.engine.config import CacheConfig, EngineConfig
 from modelyard.engine.protocol import LLMClient
-from modelyard.manager.base import ModelKind, ModelLoadError, Predictor
-from modelyard.manager.catalog import ModelSpec, resolve_source
+from modelyard.manager.base import ModelLoadError, Predictor
 from modelyard.manager.worker_process import WorkerProcess
+from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.sources import resolve_source
 
 _MIB = 1024 * 1024
 WORKER_OVERHEAD_BYTES = 300 * _MIB  # a Python worker with torch/onnxruntime imported
@@ -73,7 +75,7 @@ def estimate_bytes(spec: ModelSpec) -> int:
         return spec.memory_estimate_bytes
     weights = _source_bytes(spec.source)
     if spec.kind.is_llm:
-        kv = int(spec.options.get("kv_cache_bytes", 512 * _MIB))
+        kv = int(spec.options.get("kv_cache_bytes", CacheConfig.kv_cache_bytes))
         factor = 6 if spec.source.endswith(".gguf") else 1
         return WORKER_OVERHEAD_BYTES + weights * factor + kv
     return WORKER_OVERHEAD_BYTES + int(weights * 1.5)
@@ -113,61 +115,9 @@ class LLMModel:
         await self.llm.shutdown()
 
 
-_ENGINE_OPTIONS = frozenset(
-    {
-        "dtype",
-        "max_model_len",
-        "implementation",
-        "num_threads",
-        "kv_cache_bytes",
-        "num_blocks",
-        "block_size",
-        "enable_prefix_caching",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "max_waiting_requests",
-        "max_waiting_prompt_tokens",
-    }
-)
-
-
-def engine_config_for(spec: ModelSpec) -> Any:
-    """The engine options of an LLM catalog entry -> EngineConfig (ValueError if unknown)."""
-    from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-
-    opts = spec.options
-    unknown = sorted(set(opts) - _ENGINE_OPTIONS)
-    if unknown:
-        raise ValueError(
-            f"{spec.id}: unknown engine options {unknown}; known: {sorted(_ENGINE_OPTIONS)}"
-        )
-    model = ModelConfig(
-        model=spec.source,
-        dtype=opts.get("dtype", "float32"),
-        max_model_len=opts.get("max_model_len"),
-        implementation=opts.get("implementation", "auto"),
-        num_threads=opts.get("num_threads"),
-    )
-    cache = CacheConfig(
-        kv_cache_bytes=int(opts.get("kv_cache_bytes", 512 * _MIB)),
-        num_blocks=opts.get("num_blocks"),
-        block_size=int(opts.get("block_size", 16)),
-        enable_prefix_caching=bool(opts.get("enable_prefix_caching", True)),
-    )
-    scheduler = SchedulerConfig(
-        max_num_seqs=int(opts.get("max_num_seqs", 64)),
-        max_num_batched_tokens=int(opts.get("max_num_batched_tokens", 2048)),
-    )
-    return EngineConfig(model=model, cache=cache, scheduler=scheduler)
-
-
-def admission_limits_for(spec: ModelSpec) -> dict[str, int]:
-    """The API-side bounded waiting queue of an LLM entry (AsyncLLM.start keywords)."""
-    return {
-        key: int(spec.options[key])
-        for key in ("max_waiting_requests", "max_waiting_prompt_tokens")
-        if key in spec.options
-    }
+def engine_config_for(spec: ModelSpec) -> EngineConfig:
+    """An LLM catalog entry's engine: its source and options (ValueError for a bad option)."""
+    return EngineConfig.from_options(spec.source, spec.options, where=f"models.{spec.id}.options")
 
 
 class ProcessLoader:
@@ -198,9 +148,7 @@ class ProcessLoader:
             async_llm = importlib.import_module("modelyard.engine.async_llm")
         except ImportError as exc:
             raise ModelLoadError(f"{spec.id}: the LLM engine is not available: {exc}") from exc
-        llm = await async_llm.AsyncLLM.start(
-            engine_config_for(spec), model_name=spec.id, **admission_limits_for(spec)
-        )
+        llm = await async_llm.AsyncLLM.start(engine_config_for(spec), model_name=spec.id)
         return LLMModel(llm=llm, metadata={}, kind=spec.kind)
 
 
