@@ -12,7 +12,7 @@ from fastapi import APIRouter
 
 from modelyard.api.app import build_app
 from modelyard.api.routes.console import UI_ROOT, models_with_state
-from modelyard.config import ModelyardConfig
+from modelyard.config import ModelyardConfig, config_from_mapping
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 from modelyard.observability.metrics import TIME_TO_FIRST_TOKEN
 
@@ -136,7 +136,7 @@ def _auth_config(tmp_path: Path) -> tuple[ModelyardConfig, dict[str, str]]:
         store.add(record)
         keys[name] = key
     gateway = {"auth": "on", "keys": {"backend": "sqlite", "sqlite_path": str(store.path)}}
-    return ModelyardConfig(gateway=gateway), keys
+    return config_from_mapping({"gateway": gateway}), keys
 
 
 async def test_with_auth_the_shell_is_open_and_the_data_needs_a_key(
