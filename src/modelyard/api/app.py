@@ -15,8 +15,9 @@ app = build_app(provider, config, router=None, startup=manager.start)
   stops every worker.
 
 `app.state` holds `provider`, `router`, `request_path`, `config`, `ready`, `startup_error`,
-`started_at`, `vllm`. Every route depends on `admit_request` (one request and one concurrency slot
-for routes that run no model; model routes are admitted by the request path after routing).
+`started_at`, `vllm`, `prefixes` (the pinned prefixes' directory, api/routes/prefixes.py).
+Every route depends on `admit_request` (one request and one concurrency slot for routes that
+run no model; model routes are admitted by the request path after routing).
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ from fastapi import Depends, FastAPI
 
 from modelyard.api.errors import install_exception_handlers
 from modelyard.api.middleware import build_middleware_stack
-from modelyard.api.routes import embeddings, health, kserve, openai, predict, textbook, vllm_compat
+from modelyard.api.routes import (
+    embeddings,
+    health,
+    kserve,
+    openai,
+    predict,
+    prefixes,
+    textbook,
+    vllm_compat,
+)
 from modelyard.api.routes.console import router as console_router
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
@@ -95,8 +105,9 @@ def build_app(
     app.state.startup_error = None
     app.state.started_at = time.time()
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
+    app.state.prefixes = prefixes.PrefixDirectory()
     install_exception_handlers(app)
-    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings):
+    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings, prefixes):
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
     # /metrics names tenants: admin scope, unless listed in gateway.open_paths (a scraper)

@@ -4,10 +4,12 @@
 interpreter, transport/spawn.py). It connects to the API process's IPC sockets, loads the model,
 sends `EngineReady` (or `EngineFailed` and exits 1), then runs `serve`:
 
-    drain every pending command (non-blocking)
+    drain every pending command (non-blocking; a PinPrefix queues the prefix's prefill,
+    UnpinPrefixes releases pins), then release the pins whose TTL passed
     -> if there is work: core.step(), send EngineOutputs(outputs, stats)
     -> else: block on the command socket for a short while; send an empty EngineOutputs as a
        heartbeat every HEARTBEAT_INTERVAL_S so the client can tell the worker is alive.
+    While a step runs, a pulse thread sends `Heartbeat`s (up to MAX_STEP_S into the step).
 
 `Shutdown` ends the loop with exit status 0. An exception in a step fails every live request
 with a FinishReason.ERROR output and the worker keeps serving; an exception while doing that
@@ -20,8 +22,11 @@ import gc
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import psutil
@@ -36,8 +41,11 @@ from modelyard.engine.messages import (
     EngineReady,
     EngineRequest,
     FinishReason,
+    Heartbeat,
+    PinPrefix,
     SchedulerStats,
     Shutdown,
+    UnpinPrefixes,
     WorkerMessage,
 )
 from modelyard.transport.base import Codec, SyncConnection
@@ -48,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between heartbeats while idle (the client declares the worker dead after a timeout).
 HEARTBEAT_INTERVAL_S = 0.5
+#: A step running longer than this gets no more heartbeats (a hung worker is found).
+MAX_STEP_S = 600.0
 #: Longest block on the command socket while idle.
 IDLE_POLL_S = 0.05
 
@@ -79,6 +89,12 @@ class Core(Protocol):
     def add_request(self, request: EngineRequest) -> None: ...
 
     def abort_requests(self, request_ids: list[str]) -> None: ...
+
+    def pin_prefix(self, command: PinPrefix) -> None: ...
+
+    def unpin_prefixes(self, prefix_ids: list[str]) -> None: ...
+
+    def expire_pins(self) -> None: ...
 
     def step(self) -> list[EngineOutput]: ...
 
@@ -129,12 +145,52 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
         dtype=config.model.dtype,
         implementation=str(getattr(runner, "implementation", config.model.implementation)),
         rss_bytes=psutil.Process().memory_info().rss,
+        max_pinned_blocks=core.pins.limit_blocks,
     )
     return core, ready
 
 
+class StepPulse:
+    """A daemon thread that sends a `Heartbeat` every HEARTBEAT_INTERVAL_S while one step runs,
+    so a long step (a big prefill on a busy host) is not taken for a hung worker. A step past
+    MAX_STEP_S gets no more pulses: the client's heartbeat timeout then finds it."""
+
+    def __init__(self, conn: WorkerConnection) -> None:
+        self._conn = conn
+        self._step_started: float | None = None  # time.monotonic() of the running step
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-pulse", daemon=True)
+
+    def __enter__(self) -> StepPulse:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        self._step_started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._step_started = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            started = self._step_started
+            if started is not None and 0 < time.monotonic() - started < MAX_STEP_S:
+                self._conn.send(Heartbeat(timestamp=time.time()))
+
+
 def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) -> int:
     """The busy loop; returns the exit status (0 after Shutdown, 1 when the parent is gone)."""
+    with StepPulse(conn) as pulse:
+        return _serve(core, conn, pulse, parent_pid)
+
+
+def _serve(core: Core, conn: WorkerConnection, pulse: StepPulse, parent_pid: int | None) -> int:
     live: set[str] = set()  # requests added and not finished: the ones a failed step fails
     last_sent = 0.0
     while True:
@@ -145,7 +201,11 @@ def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) 
                 return 0
             _apply(core, command, live, conn)
             command = conn.recv(0)
-        outputs = _step(core, live) if core.has_unfinished_requests() else []
+        core.expire_pins()
+        outputs: list[EngineOutput] = []
+        if core.has_unfinished_requests():
+            with pulse.step():
+                outputs = _step(core, live)
         now = time.time()
         if outputs or now - last_sent >= HEARTBEAT_INTERVAL_S:
             conn.send(EngineOutputs(outputs=outputs, stats=core.stats(), timestamp=now))
@@ -155,11 +215,14 @@ def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) 
 
 
 def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConnection) -> None:
-    if isinstance(command, EngineRequest):
+    if isinstance(command, EngineRequest | PinPrefix):
         try:
-            core.add_request(command)
+            if isinstance(command, PinPrefix):
+                core.pin_prefix(command)
+            else:
+                core.add_request(command)
         except Exception as exc:  # a bad request fails alone
-            logger.exception("add_request %s failed", command.request_id)
+            logger.warning("request %s refused: %s", command.request_id, exc)
             failed = _error_output(command.request_id, exc)
             conn.send(EngineOutputs(outputs=[failed], stats=core.stats(), timestamp=time.time()))
             return
@@ -167,6 +230,8 @@ def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConne
     elif isinstance(command, AbortRequests):
         core.abort_requests(command.request_ids)
         live.difference_update(command.request_ids)
+    elif isinstance(command, UnpinPrefixes):
+        core.unpin_prefixes(command.prefix_ids)
 
 
 def _step(core: Core, live: set[str]) -> list[EngineOutput]:
