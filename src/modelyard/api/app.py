@@ -42,6 +42,7 @@ from modelyard.api.routes import (
     textbook,
     vllm_compat,
 )
+from modelyard.api.routes.agent import router as agent_router
 from modelyard.api.routes.console import router as console_router
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
@@ -113,6 +114,7 @@ def build_app(
     # /metrics names tenants: admin scope, unless listed in gateway.open_paths (a scraper)
     app.include_router(metrics_routes.router, dependencies=[Depends(require_admin)])
     app.include_router(console_router)  # the web console at /ui
+    app.include_router(agent_router)  # the knowledge agent, for the console's agent box
     return app
 
 

@@ -1,13 +1,18 @@
 """The web console in a real headless chromium against a real `modelyard serve` on the default
 catalog: the dashboard shows the loaded models and live metrics that move with traffic, the
-chat streams tokens into the page, an uploaded photo gets its label, the embeddings matrix
-matches the API's vectors. Screenshots land in test-artifacts/console/.
+memory each model holds and the pinned prefixes; the chat streams tokens into the page, an
+uploaded photo gets its label, the embeddings matrix matches the API's vectors, and the agent
+box shows the knowledge agent's answer beside the chunks it retrieved. Screenshots land in
+test-artifacts/console/.
 
 One server and one browser for the module; every wait is bounded.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,8 +42,14 @@ CHELSEA = Path(skimage.__file__).parent / "data" / "chelsea.png"  # ships in the
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_default_server(tmp_path_factory.mktemp("console-e2e"))
+def agent_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("console-agent") / "index"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, agent_index: Path) -> Iterator[ServerProcess]:
+    config = f"agent:\n  index: {agent_index}\n"
+    running = start_default_server(tmp_path_factory.mktemp("console-e2e"), config=config)
     try:
         yield running
     finally:
@@ -219,6 +230,28 @@ def test_embeddings_matrix_matches_the_api(server: ServerProcess, browser: WebDr
     screenshot(browser, "embeddings")
 
 
+def test_dashboard_lists_pinned_prefixes(server: ServerProcess, browser: WebDriver) -> None:
+    browser.find_element(By.ID, "tab-dashboard").click()
+    knowledge = "modelyard keeps models within a memory budget. " * 40  # several KV blocks
+    body = {"model": CHAT_MODEL, "text": knowledge, "ttl_s": 600}
+    pin = httpx.post(server.url + "/v1/prefixes", json=body, timeout=120).json()
+    row = f'#kv-list tr[data-prefix="{pin["id"]}"]'
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 20, "the pin in the KV card")
+    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, f"{row} td")]
+    assert cells[1:3] == [str(pin["num_tokens"]), str(pin["num_blocks"])]
+    prompt = {"model": CHAT_MODEL, "prompt": " Summary:", "max_tokens": 4, "prefix_id": pin["id"]}
+    assert httpx.post(server.url + "/v1/completions", json=prompt, timeout=120).is_success
+    wait(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} td")[3].text == "1",
+        20,
+        "the pin's hit",
+    )
+    screenshot(browser, "dashboard-pinned")
+    assert httpx.delete(f"{server.url}/v1/prefixes/{pin['id']}", timeout=30).is_success
+    wait(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, row), 20, "the pin gone")
+
+
 def test_dashboard_shows_who_holds_the_memory(server: ServerProcess, browser: WebDriver) -> None:
     browser.find_element(By.ID, "tab-dashboard").click()
     for model in (CHAT_MODEL, IMAGE_MODEL, EMBEDDING_MODEL):
@@ -248,3 +281,49 @@ def test_dashboard_shows_who_holds_the_memory(server: ServerProcess, browser: We
     ttft = browser.find_element(By.ID, "tile-ttft")
     wait(browser, lambda d: "stale" not in str(ttft.get_attribute("class")), 20, "a live TTFT")
     screenshot(browser, "dashboard-loaded")
+
+
+KNOWLEDGE = {
+    "volcanoes.md": "# Volcanoes\nA volcano erupts when magma rises through the crust. Lava "
+    "flows, ash clouds and pyroclastic flows follow an eruption. Mount Etna in Sicily is one "
+    "of the most active volcanoes in the world.",
+    "baking.md": "# Baking bread\nBread dough is flour, water, salt and yeast. It is kneaded, "
+    "left to rise for an hour, shaped and baked in a hot oven until the crust is brown.",
+    "chess.md": "# Chess\nChess is played on a board of 64 squares. Each player starts with "
+    "sixteen pieces; the game ends when a king is checkmated.",
+}
+
+
+def test_agent_box_shows_the_answer_beside_the_chunks(
+    server: ServerProcess, browser: WebDriver, agent_index: Path, tmp_path: Path
+) -> None:
+    for name, text in KNOWLEDGE.items():
+        (tmp_path / name).write_text(text)
+    command = [sys.executable, "-m", "modelyard.cli", "agent", "--url", server.url]
+    command += ["--index", str(agent_index), "ingest", str(tmp_path)]
+    ingest = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert ingest.returncode == 0, ingest.stderr
+    indexed = {
+        c["chunk_id"]: c for c in json.loads((agent_index / "chunks.json").read_text())["chunks"]
+    }
+    _open_panel(browser, "agent")
+    ask = browser.find_element(By.ID, "agent-ask")
+    wait(browser, lambda d: ask.is_enabled(), 10, "the agent box enabled (the server has it)")
+    browser.find_element(By.ID, "agent-question").send_keys("What happens when a volcano erupts?")
+    ask.click()
+    chunks = "#agent-chunks li[data-rank]"
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, chunks), 300, "the agent's answer")
+    shown = browser.find_elements(By.CSS_SELECTOR, chunks)
+    ids = [c.find_element(By.CSS_SELECTOR, ".chunk-source").text for c in shown]
+    texts = [
+        c.find_element(By.CSS_SELECTOR, ".chunk-text").get_attribute("textContent") for c in shown
+    ]
+    assert ids[0].startswith("volcanoes.md")  # retrieval: the document that answers it first
+    assert [indexed[i]["text"] for i in ids] == texts  # the index's own chunks, verbatim
+    scores = [float(c.find_element(By.CSS_SELECTOR, ".score").text) for c in shown]
+    assert scores == sorted(scores, reverse=True)
+    assert _text(browser, "#agent-answer")  # the small model's answer, whatever its quality
+    status = _text(browser, "#agent-status")
+    for step in ("plan", "retrieve", "answer", "refine"):
+        assert step in status
+    screenshot(browser, "agent")

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from api_fakes import FakeLLM, FakeProvider, make_client
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 
 from modelyard.api.app import build_app
-from modelyard.api.routes.console import UI_ROOT, models_with_state
+from modelyard.api.routes.console import UI_ROOT, _serves, models_with_state
 from modelyard.config import ModelyardConfig, config_from_mapping
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 from modelyard.observability.metrics import TIME_TO_FIRST_TOKEN
@@ -176,16 +176,19 @@ def _bearer(key: str) -> dict[str, str]:
 
 
 async def test_features_tell_which_optional_apis_are_served(provider: ListingProvider) -> None:
-    app = build_app(provider, ModelyardConfig())
-    async with make_client(app) as client:
-        before = (await client.get("/ui/api/summary")).json()["features"]
-        agent = APIRouter()  # included like the app's own route modules
-        agent.add_api_route("/v1/agent/ask", lambda: {}, methods=["POST"])
-        app.include_router(agent)
-        after = (await client.get("/ui/api/summary")).json()["features"]
-    assert before["agent"] is False
-    assert after["agent"] is True
-    assert set(after) == {"prefixes", "agent"}
+    async with make_client(build_app(provider, ModelyardConfig())) as client:
+        features = (await client.get("/ui/api/summary")).json()["features"]
+    assert features == {"prefixes": True, "agent": True}
+
+
+def test_a_route_counts_as_served_as_routing_would_match_it() -> None:
+    router = APIRouter()  # included as the app includes its route modules
+    router.add_api_route("/v1/thing", lambda: {}, methods=["POST"])
+    app = FastAPI()
+    app.include_router(router)
+    assert _serves(app.router.routes, "/v1/thing", "POST")
+    assert not _serves(app.router.routes, "/v1/thing", "GET")
+    assert not _serves(app.router.routes, "/v1/other", "POST")
 
 
 async def test_a_tenant_sees_its_models_and_its_own_traffic_only(
