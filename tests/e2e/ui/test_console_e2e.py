@@ -230,28 +230,6 @@ def test_embeddings_matrix_matches_the_api(server: ServerProcess, browser: WebDr
     screenshot(browser, "embeddings")
 
 
-def test_dashboard_lists_pinned_prefixes(server: ServerProcess, browser: WebDriver) -> None:
-    browser.find_element(By.ID, "tab-dashboard").click()
-    knowledge = "modelyard keeps models within a memory budget. " * 40  # several KV blocks
-    body = {"model": CHAT_MODEL, "text": knowledge, "ttl_s": 600}
-    pin = httpx.post(server.url + "/v1/prefixes", json=body, timeout=120).json()
-    row = f'#kv-list tr[data-prefix="{pin["id"]}"]'
-    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 20, "the pin in the KV card")
-    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, f"{row} td")]
-    assert cells[1:3] == [str(pin["num_tokens"]), str(pin["num_blocks"])]
-    prompt = {"model": CHAT_MODEL, "prompt": " Summary:", "max_tokens": 4, "prefix_id": pin["id"]}
-    assert httpx.post(server.url + "/v1/completions", json=prompt, timeout=120).is_success
-    wait(
-        browser,
-        lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} td")[3].text == "1",
-        20,
-        "the pin's hit",
-    )
-    screenshot(browser, "dashboard-pinned")
-    assert httpx.delete(f"{server.url}/v1/prefixes/{pin['id']}", timeout=30).is_success
-    wait(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, row), 20, "the pin gone")
-
-
 def test_dashboard_shows_who_holds_the_memory(server: ServerProcess, browser: WebDriver) -> None:
     browser.find_element(By.ID, "tab-dashboard").click()
     for model in (CHAT_MODEL, IMAGE_MODEL, EMBEDDING_MODEL):
@@ -281,6 +259,28 @@ def test_dashboard_shows_who_holds_the_memory(server: ServerProcess, browser: We
     ttft = browser.find_element(By.ID, "tile-ttft")
     wait(browser, lambda d: "stale" not in str(ttft.get_attribute("class")), 20, "a live TTFT")
     screenshot(browser, "dashboard-loaded")
+
+
+def test_dashboard_lists_pinned_prefixes(server: ServerProcess, browser: WebDriver) -> None:
+    browser.find_element(By.ID, "tab-dashboard").click()
+    knowledge = "modelyard keeps models within a memory budget. " * 40  # several KV blocks
+    body = {"model": CHAT_MODEL, "text": knowledge, "ttl_s": 600}
+    pin = httpx.post(server.url + "/v1/prefixes", json=body, timeout=120).json()
+    row = f'#kv-list tr[data-prefix="{pin["id"]}"]'
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 20, "the pin in the KV card")
+    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, f"{row} td")]
+    assert cells[1:3] == [str(pin["num_tokens"]), str(pin["num_blocks"])]
+    prompt = {"model": CHAT_MODEL, "prompt": " Summary:", "max_tokens": 4, "prefix_id": pin["id"]}
+    assert httpx.post(server.url + "/v1/completions", json=prompt, timeout=120).is_success
+    wait(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} td")[3].text == "1",
+        20,
+        "the pin's hit",
+    )
+    screenshot(browser, "dashboard-pinned")
+    assert httpx.delete(f"{server.url}/v1/prefixes/{pin['id']}", timeout=30).is_success
+    wait(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, row), 20, "the pin gone")
 
 
 KNOWLEDGE = {
