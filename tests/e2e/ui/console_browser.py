@@ -41,6 +41,13 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--window-size=1400,1000",
 )
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+# every console module carries it: without the browser they skip (scripts/setup installs it)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Debian's chromium and chromium-driver are not installed (scripts/setup installs them)",
+)
 T = TypeVar("T")
 
 
@@ -89,17 +96,15 @@ def _wait_ready(server: ServerProcess) -> None:
 @contextmanager
 def chromium() -> Iterator[WebDriver]:
     """A headless chromium with a fresh profile; quit (and the profile removed) on exit."""
-    binary = shutil.which("chromium")
-    driver_path = shutil.which("chromedriver")
-    if binary is None or driver_path is None:
+    if CHROMIUM is None or CHROMEDRIVER is None:  # the modules skip first (needs_chromium)
         pytest.fail("chromium and chromium-driver are needed (scripts/setup installs them)")
     profile = tempfile.mkdtemp(prefix="modelyard-chromium-")
     options = webdriver.ChromeOptions()
-    options.binary_location = binary
+    options.binary_location = CHROMIUM
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     driver.set_page_load_timeout(60)
     driver.set_script_timeout(30)
     try:

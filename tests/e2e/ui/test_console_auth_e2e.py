@@ -6,6 +6,7 @@ tenant; a wrong key is refused in the dialog. One server and one browser for the
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import httpx
 import pytest
 from console_browser import (
     MODULE_TIMEOUT_S,
+    REPO,
     chromium,
+    needs_chromium,
     screenshot,
     script_errors,
     start_default_server,
@@ -25,7 +28,12 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(MODULE_TIMEOUT_S)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(MODULE_TIMEOUT_S),
+    needs_chromium,
+]
 
 TENANT, ADMIN = "acme", "ops"
 
@@ -61,6 +69,22 @@ def browser(server: ServerProcess) -> Iterator[WebDriver]:
         yield driver
         # 401s are expected (the page asks for a key after one); nothing else may fail
         assert script_errors(driver, allowed=("401 (Unauthorized)",)) == []
+
+
+def _server_paths(keys: dict[str, str]) -> list[str]:
+    """Folders of this server's machine that no view of the console may show."""
+    return [str(REPO), str(Path.home()), sys.prefix, str(Path(keys["db"]).parent)]
+
+
+def _assert_no_server_paths(
+    server: ServerProcess, browser: WebDriver, keys: dict[str, str], key: str
+) -> None:
+    headers = {"authorization": f"Bearer {key}"}
+    summary = httpx.get(server.url + "/ui/api/summary", headers=headers, timeout=10)
+    page = browser.find_element(By.TAG_NAME, "body").get_attribute("textContent")
+    for path in _server_paths(keys):
+        assert path not in summary.text
+        assert path not in page
 
 
 def _use_key(driver: WebDriver, key: str) -> None:
@@ -128,6 +152,7 @@ def test_a_tenant_key_shows_the_catalog_and_its_own_usage(
     assert [t.get_attribute("data-tenant") for t in tenants] == [TENANT]
     assert not browser.find_element(By.ID, "server-cards").is_displayed()  # admins only
     assert browser.find_element(By.ID, "tenant-note").is_displayed()
+    _assert_no_server_paths(server, browser, keys, keys[TENANT])
     screenshot(browser, "auth-tenant")
 
 
@@ -156,6 +181,7 @@ def test_an_admin_key_shows_every_tenant(
     )
     assert browser.find_element(By.ID, "server-cards").is_displayed()
     assert "free" in browser.find_element(By.ID, "memory-legend").text
+    _assert_no_server_paths(server, browser, keys, keys[ADMIN])
     screenshot(browser, "auth-admin")
 
 

@@ -23,6 +23,7 @@ import skimage
 from console_browser import (
     MODULE_TIMEOUT_S,
     chromium,
+    needs_chromium,
     screenshot,
     script_errors,
     start_default_server,
@@ -33,7 +34,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(MODULE_TIMEOUT_S)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(MODULE_TIMEOUT_S),
+    needs_chromium,
+]
 
 CHAT_MODEL = "smollm2-135m-instruct"
 IMAGE_MODEL = "efficientnet-lite0"
@@ -48,7 +54,8 @@ def agent_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, agent_index: Path) -> Iterator[ServerProcess]:
-    config = f"agent:\n  index: {agent_index}\n"
+    # short answers keep the agent box quick (its model calls: plan, answer, refine)
+    config = f"agent:\n  index: {agent_index}\n  max_tokens: 16\n"
     running = start_default_server(tmp_path_factory.mktemp("console-e2e"), config=config)
     try:
         yield running
