@@ -1,7 +1,8 @@
 """The console behind the gateway with auth on, in a real headless chromium against a real
 `modelyard serve` (default catalog, nothing preloaded): the page loads without a key and asks
 for one; a tenant key shows the catalog and only that tenant's usage; an admin key shows every
-tenant; a wrong key is refused in the dialog. One server and one browser for the module.
+tenant; a wrong key is refused in the dialog; no view, and no answer of the agent box, shows
+a server path. One server and one browser for the module.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def server(
     tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]
 ) -> Iterator[ServerProcess]:
-    config = f"gateway:\n  auth: on\n  keys: {{sqlite_path: {keys['db']}, cache_ttl_s: 0}}\n"
     tmp: Path = tmp_path_factory.mktemp("console-auth-e2e")
+    config = f"gateway:\n  auth: on\n  keys: {{sqlite_path: {keys['db']}, cache_ttl_s: 0}}\n"
+    config += f"agent:\n  index: {tmp / 'no-index-yet'}\n"  # the agent box's index: none yet
     running = start_default_server(tmp, "--no-preload", config=config)
     try:
         yield running
@@ -67,8 +69,13 @@ def server(
 def browser(server: ServerProcess) -> Iterator[WebDriver]:
     with chromium() as driver:
         yield driver
-        # 401s are expected (the page asks for a key after one); nothing else may fail
-        assert script_errors(driver, allowed=("401 (Unauthorized)",)) == []
+        # expected: 401s (the page asks for a key after one) and the agent box's 404 (no index
+        # yet); nothing else may fail
+        expected = (
+            "401 (Unauthorized)",
+            "/v1/agent/ask - Failed to load resource: the server responded with a status of 404",
+        )
+        assert script_errors(driver, allowed=expected) == []
 
 
 def _server_paths(keys: dict[str, str]) -> list[str]:
@@ -81,7 +88,7 @@ def _assert_no_server_paths(
 ) -> None:
     headers = {"authorization": f"Bearer {key}"}
     summary = httpx.get(server.url + "/ui/api/summary", headers=headers, timeout=10)
-    page = browser.find_element(By.TAG_NAME, "body").get_attribute("textContent")
+    page = str(browser.find_element(By.TAG_NAME, "body").get_attribute("textContent"))
     for path in _server_paths(keys):
         assert path not in summary.text
         assert path not in page
@@ -183,6 +190,31 @@ def test_an_admin_key_shows_every_tenant(
     assert "free" in browser.find_element(By.ID, "memory-legend").text
     _assert_no_server_paths(server, browser, keys, keys[ADMIN])
     screenshot(browser, "auth-admin")
+
+
+def test_the_agent_box_needs_a_key_and_names_no_server_path(
+    server: ServerProcess, browser: WebDriver, keys: dict[str, str]
+) -> None:
+    body = {"question": "What is modelyard?"}
+    url = server.url + "/v1/agent/ask"
+    assert httpx.post(url, json=body, timeout=30).status_code == 401
+    tenant = {"authorization": f"Bearer {keys[TENANT]}"}
+    answer = httpx.post(url, json=body, headers=tenant, timeout=30)
+    assert answer.status_code == 404  # no index yet: the message says which command makes one
+    message = answer.json()["error"]["message"]
+    assert "modelyard agent ingest" in message
+    for path in _server_paths(keys):
+        assert path not in message
+    refused = httpx.post(url, json={**body, "index": "/etc"}, headers=tenant, timeout=30)
+    assert refused.status_code == 400  # no request names a server path
+    browser.find_element(By.ID, "tab-playground").click()
+    browser.find_element(By.CSS_SELECTOR, '.subtab[data-panel="agent"]').click()
+    browser.find_element(By.ID, "agent-question").send_keys(body["question"])
+    browser.find_element(By.ID, "agent-ask").click()
+    status = browser.find_element(By.ID, "agent-status")
+    wait(browser, lambda d: "modelyard agent ingest" in status.text, 15, "the server's message")
+    assert keys["db"] not in status.text
+    browser.find_element(By.ID, "tab-dashboard").click()
 
 
 def test_windowed_quantiles_follow_prometheus(server: ServerProcess, browser: WebDriver) -> None:
