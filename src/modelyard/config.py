@@ -16,6 +16,8 @@ gateway:       # gateway.config.GatewayConfig: auth, tenants, quotas, routes
   auth: auto
 ray:           # scale.config.RayConfig: `serve --ray` (replicas of the pool, the router)
   router: prefix
+agent:         # AgentServerConfig: the knowledge agent behind POST /v1/agent/ask
+  index: ~/.modelyard/agent/default
 catalog: models.yaml   # the catalog file; absent: the embedded default catalog
 ```
 
@@ -34,6 +36,8 @@ from typing import Any
 
 import yaml
 
+from modelyard.agent.agent import AgentConfig
+from modelyard.agent.cli import DEFAULT_INDEX
 from modelyard.config_parse import ConfigError, check_fields, from_mapping, setting
 from modelyard.engine.config import Dtype
 from modelyard.gateway.config import GatewayConfig
@@ -98,6 +102,15 @@ class EngineDefaults:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AgentServerConfig:
+    """The knowledge agent the server runs for `POST /v1/agent/ask` (api/routes/agent.py)."""
+
+    index: str = DEFAULT_INDEX  # the folder `modelyard agent ingest` wrote (the CLI's default)
+    # the agent's own settings (chat_model, embedding_model, max_tokens, plan, refine...)
+    settings: AgentConfig = setting(factory=AgentConfig, inline=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelyardConfig:
     """Everything `modelyard serve` needs besides the catalog itself."""
 
@@ -106,6 +119,7 @@ class ModelyardConfig:
     manager: ManagerConfig = setting(factory=ManagerConfig)
     gateway: GatewayConfig = setting(factory=GatewayConfig)
     ray: RayConfig = setting(factory=RayConfig)
+    agent: AgentServerConfig = setting(factory=AgentServerConfig)
     catalog: str | None = None  # catalog file; None: the embedded default catalog
 
 

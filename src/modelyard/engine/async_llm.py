@@ -131,6 +131,11 @@ class AsyncLLM:
         return self._prefixes
 
     @property
+    def holds_pinned_prefixes(self) -> bool:
+        """True while a pinned prefix lives in this engine (the manager keeps it loaded)."""
+        return self._prefixes is not None and bool(self._prefixes.list())
+
+    @property
     def engine_client(self) -> EngineCoreClient:
         return self._client
 
