@@ -163,6 +163,8 @@ _EXTRA_STATUSES = {
     ("post", "/v1/prefixes"): {507},  # the pin budget is full
     ("get", "/v1/prefixes/{prefix_id}"): {404},
     ("delete", "/v1/prefixes/{prefix_id}"): {404},
+    # no agent index (404); or the status of one of the agent's own model calls
+    ("post", "/v1/agent/ask"): {404, 500, 504, 507},
 }
 
 

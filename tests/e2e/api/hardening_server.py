@@ -101,6 +101,7 @@ def start(root: Path, *, gateway: bool = True) -> HardeningServer:
     port = free_port()
     (root / "catalog.yaml").write_text(yaml.safe_dump({"models": catalog(poison=gateway)}))
     config: dict[str, object] = {
+        "agent": {"index": str(root / "no-agent-index")},  # /v1/agent/ask: 404, fast
         "server": {
             "host": "127.0.0.1",
             "port": port,

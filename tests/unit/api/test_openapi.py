@@ -29,6 +29,8 @@ async def test_every_operation_documents_its_statuses(client: httpx.AsyncClient)
     chat = document["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert {"200", "400", "401", "403", "404", "413", "429", "500", "503", "504"} == set(chat)
     assert "text/event-stream" in chat["200"]["content"]
+    agent = document["paths"]["/v1/agent/ask"]["post"]["responses"]
+    assert {"404", "500", "503", "504", "507"} <= set(agent)  # no index; its calls' statuses
     health = document["paths"]["/health"]["get"]["responses"]
     assert set(health) == {"200"}
     infer = document["paths"]["/v2/models/{name}/infer"]["post"]
