@@ -80,21 +80,7 @@ async def _ask(
         answer = await KnowledgeAgent(api, index, settings).ask(body.question, mode=body.mode)
     finally:
         await api.aclose()
-    chunks = [{**dataclasses.asdict(h.chunk), "score": h.score} for h in answer.hits]
-    calls = [
-        {"step": c.step, "seconds": c.seconds, "ttft_s": c.chat.ttft_s if c.chat else None}
-        for c in answer.calls
-    ]
-    return {
-        "question": answer.question,
-        "mode": answer.mode,
-        "answer": answer.text,
-        "draft": answer.draft,
-        "query": answer.query,
-        "chunks": chunks,
-        "calls": calls,
-        "e2e_s": answer.e2e_s,
-    }
+    return answer.as_json(chunk_text=True)
 
 
 def _existing_index(folder: str) -> Path | None:
