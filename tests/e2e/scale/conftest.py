@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 
 import psutil
 import pytest
 from e2e_server import E2E_MODEL
-from ray_cluster import RayCluster, RayServe, new_cluster_root, start_serve
+from ray_cluster import RAY_ENV, RayCluster, RayServe, new_cluster_root, start_serve
 
 READY_TIMEOUT_S = 420.0
 APP = "modelyard"
@@ -64,10 +65,13 @@ def replica_processes(deployment: str) -> list[psutil.Process]:
     """The live replica processes of a deployment (Ray titles them ray::ServeReplica:APP:NAME)."""
     title = f"ray::ServeReplica:{APP}:{deployment}"
     found = []
+    mark = RAY_ENV["MODELYARD_TEST_RAY_RUN"]
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if cmdline.startswith(title) and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(proc)
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("MODELYARD_TEST_RAY_RUN") == mark:  # our clusters only
+                    found.append(proc)
     return found
 
 

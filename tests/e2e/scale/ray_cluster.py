@@ -27,6 +27,9 @@ RAY_ENV = {
     "RAY_metrics_report_interval_ms": "1000",
     "RAY_agent_register_timeout_ms": "180000",
     "RAY_raylet_start_wait_time_s": "180",
+    # every process of this test run's clusters inherits it: tells them from other Ray clusters
+    # on the machine (a benchmark's, another run's)
+    "MODELYARD_TEST_RAY_RUN": str(os.getpid()),
 }
 
 
