@@ -60,10 +60,13 @@ def free_port() -> int:
         return port
 
 
-def start_server(tmp: Path, *extra: str, config: str | None = None) -> ServerProcess:
-    """Start `modelyard serve` on a free port with the e2e catalog and wait for /ready."""
+def start_server(
+    tmp: Path, *extra: str, config: str | None = None, catalog_text: str = CATALOG
+) -> ServerProcess:
+    """Start `modelyard serve` on a free port with the e2e catalog (or `catalog_text`) and
+    wait for /ready."""
     catalog = tmp / "catalog.yaml"
-    catalog.write_text(CATALOG)
+    catalog.write_text(catalog_text)
     port = free_port()
     args = [sys.executable, "-m", "modelyard.cli", "serve", "--port", str(port)]
     args += ["--catalog", str(catalog), *extra]

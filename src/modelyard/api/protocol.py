@@ -38,6 +38,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     priority: int = 0  # added to the tenant's priority (higher runs first)
+    speculate: bool | None = None  # speculative decoding: None = the model's policy
     user: str | None = None  # accepted for compatibility; logged, not used
 
     def sampling_params(self, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -52,6 +53,7 @@ class SamplingFields(BaseModel):
             "stop_token_ids": list(self.stop_token_ids or []),
             "seed": self.seed,
             "logprobs": logprobs,
+            "speculate": self.speculate,
         }
         optional = {
             "temperature": self.temperature,

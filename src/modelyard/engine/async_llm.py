@@ -102,9 +102,13 @@ class _RequestState:
         if completion.finished:
             return None
         self.scheduled = True
-        self._update_metrics(output, now)
         finish = output.finish_reason
         detok = completion.detokenizer.update(output.new_token_ids, finished=finish is not None)
+        if detok.num_tokens < len(output.new_token_ids):  # a stop string inside the run
+            output = msgspec.structs.replace(
+                output, new_token_ids=output.new_token_ids[: detok.num_tokens]
+            )
+        self._update_metrics(output, now)
         stop_reason: str | int | None = output.stop_reason
         if detok.stop_string is not None:
             stop_reason = detok.stop_string

@@ -10,6 +10,7 @@ from typing import Literal
 
 Dtype = Literal["float32", "bfloat16"]
 Implementation = Literal["auto", "native", "generic"]
+SpecMethod = Literal["ngram", "draft", "self_draft"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +76,51 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """Speculative decoding of one model (engine.spec_decode states the policy)."""
+
+    method: SpecMethod
+    """ngram = prompt lookup (no model); draft = a second model sharing the tokenizer;
+    self_draft = the target's own first `draft_layers` layers and its head."""
+    num_speculative_tokens: int = 4
+    """Most tokens proposed per request and step (k)."""
+    draft_model: str | None = None
+    """method=draft: the draft's weights (a ModelConfig.model source)."""
+    draft_layers: int = 8
+    """method=self_draft: how many of the target's layers the draft runs."""
+    prompt_lookup_min: int = 2
+    """method=ngram: shortest suffix n-gram matched against the earlier tokens."""
+    prompt_lookup_max: int = 4
+    """method=ngram: longest suffix n-gram tried first."""
+    long_output_tokens: int = 64
+    """A request speculates by default when its max_tokens is None or at least this (the
+    request's `speculate` overrides)."""
+    disable_by_batch_size: int = 8
+    """No request speculates in a step that starts with more running requests than this."""
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft", "self_draft"):
+            raise ValueError(
+                f"speculative method must be ngram, draft or self_draft, not {self.method}"
+            )
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs draft_model")
+        if self.draft_layers < 1:
+            raise ValueError("draft_layers must be >= 1")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.long_output_tokens < 0:
+            raise ValueError("long_output_tokens must be >= 0")
+        if self.disable_by_batch_size < 1:
+            raise ValueError("disable_by_batch_size must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig | None = None
+    """None: no speculative decoding."""

@@ -13,6 +13,7 @@ from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats
 from modelyard.engine.scheduler import Scheduler
 from modelyard.engine.scheduler_output import StepRunner
+from modelyard.engine.spec_decode import SpecDecodePolicy
 
 
 class EngineCore:
@@ -27,6 +28,7 @@ class EngineCore:
             num_blocks=runner.num_kv_blocks,
             max_model_len=runner.max_model_len,
             eos_token_ids=runner.eos_token_ids,
+            spec_policy=SpecDecodePolicy(config.speculative, runner.max_model_len),
         )
 
     def add_request(self, request: EngineRequest) -> None:

@@ -195,14 +195,18 @@ class KVCacheManager:
         later blocks are evicted before its earlier (more shareable) ones.
         """
         for block_id in reversed(request.block_ids):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
-                if block.block_hash is None:
-                    self._free.move_to_end(block_id, last=False)
+            self._unref(block_id)
         request.block_ids = []
         self._num_hashed_blocks.pop(request.request_id, None)
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Drop the request's blocks past those covering its first `num_tokens` positions
+        (speculative slots the target rejected). Those blocks hold no computed prefix, so
+        none of them is in the prefix cache on the request's account."""
+        keep = -(-num_tokens // self.block_size)
+        for block_id in reversed(request.block_ids[keep:]):
+            self._unref(block_id)
+        del request.block_ids[keep:]
 
     # ------------------------------------------------------------------ internals
 
@@ -210,6 +214,15 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_cached_tokens
+
+    def _unref(self, block_id: int) -> None:
+        """One reference less; at 0 the block joins the free list (uncached ones in front)."""
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free[block_id] = None
+            if block.block_hash is None:
+                self._free.move_to_end(block_id, last=False)
 
     def _take_cached_block(self, block_id: int) -> None:
         block = self.blocks[block_id]

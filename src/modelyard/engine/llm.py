@@ -23,6 +23,7 @@ from modelyard.engine.config import (
     Implementation,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 from modelyard.engine.detokenizer import IncrementalDetokenizer
 from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason, SchedulerStats
@@ -73,7 +74,8 @@ class _Live:
 
 class LLM:
     """An engine in this process. Options are those of ModelConfig / CacheConfig /
-    SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`)."""
+    SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`), and
+    `speculative` (a SpeculativeConfig, or a dict of its fields)."""
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class LLM:
         max_model_len: int | None = None,
         implementation: Implementation = "auto",
         num_threads: int | None = None,
+        speculative: SpeculativeConfig | dict[str, Any] | None = None,
         **engine_options: Any,
     ) -> None:
         from modelyard.engine.core import EngineCore
@@ -95,8 +98,12 @@ class LLM:
             implementation=implementation,
             num_threads=num_threads,
         )
-        self.config = EngineConfig(model=model_config, **_split_options(engine_options))
-        self.runner = ModelRunner(self.config.model, self.config.cache)
+        if isinstance(speculative, dict):
+            speculative = SpeculativeConfig(**speculative)
+        self.config = EngineConfig(
+            model=model_config, speculative=speculative, **_split_options(engine_options)
+        )
+        self.runner = ModelRunner(self.config.model, self.config.cache, speculative)
         self.core = EngineCore(self.config, self.runner)
         self.tokenizer: Tokenizer = load_tokenizer(self.runner.tokenizer_path)
 
@@ -183,12 +190,12 @@ class LLM:
         """Record one output; True when a stop string ended a request the core still runs."""
         entry = live[output.request_id]
         completion = entry.completion
-        completion.token_ids.extend(output.new_token_ids)
         entry.result.num_cached_tokens = max(
             entry.result.num_cached_tokens, output.num_cached_tokens
         )
         finish = output.finish_reason
         delta = entry.detokenizer.update(output.new_token_ids, finished=finish is not None)
+        completion.token_ids.extend(output.new_token_ids[: delta.num_tokens])
         completion.text += delta.text
         completion.stop_reason = output.stop_reason
         completion.error = output.error

@@ -91,6 +91,12 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # cumulative prompt tokens found there
     num_preemptions: int = 0  # cumulative
+    spec_decode_method: str = ""  # the speculative proposer ("" when the model has none)
+    spec_decode_num_drafts: int = 0  # cumulative verification runs with >= 1 proposed token
+    spec_decode_num_draft_tokens: int = 0  # cumulative tokens proposed
+    spec_decode_num_accepted_tokens: int = 0  # cumulative proposed tokens accepted
+    spec_decode_num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)
+    # cumulative accepted tokens per draft position (0 = the first proposed token)
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs", kw_only=True):

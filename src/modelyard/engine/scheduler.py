@@ -20,6 +20,11 @@ Pure CPU code behind two methods (vLLM v1 / nano-vllm shape):
   applies the stop checks and frees the blocks of finished requests at once (their ids go to
   the runner with the next batch).
 
+Speculative decoding (engine.spec_decode) stays inside this shape: in step 1 a decode may get
+`num_spec_tokens` extra slots (if the policy allows and free blocks exist; never by
+preemption), counted in the token budget; `update` rolls back the rejected slots and appends the
+accepted tokens before the target's own, each through the stop checks.
+
 Blocks enter the prefix cache when the tokens that fill them are scheduled (vLLM does the
 same), so n > 1 siblings admitted in one step share the prompt's blocks at once; the runner
 writes all new K/V of a step before attention reads the cache. A request preempted after it was
@@ -36,92 +41,27 @@ could never fit in the whole KV cache would otherwise wait forever.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig
 from modelyard.engine.kv_cache import KVCacheManager
 from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.request import Request, RequestStatus
-from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from modelyard.engine.scheduler_output import (
+    DraftResult,
+    RunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
+from modelyard.engine.scheduler_state import StepBatch, WaitingQueue
+from modelyard.engine.spec_decode import SpecDecodePolicy, SpecDecodeStats
 
 
 def _rank(request: Request) -> tuple[int, float, int]:
     """Sort key: best first (higher priority, then earlier arrival)."""
     return (-request.priority, request.arrival_time, request.arrival_order)
-
-
-@dataclass(order=True)
-class _QueueEntry:
-    key: tuple[int, int, float, int]
-    request: Request = field(compare=False)
-
-
-class WaitingQueue:
-    """Requests waiting for their (first or next) admission, best first.
-
-    Order: priority desc; inside a priority class, preempted requests first (so that work
-    already paid for resumes before new work starts), then arrival asc.
-    """
-
-    def __init__(self) -> None:
-        self._entries: list[_QueueEntry] = []
-
-    def push(self, request: Request, *, front_of_class: bool = False) -> None:
-        rank = 0 if front_of_class else 1
-        key = (-request.priority, rank, request.arrival_time, request.arrival_order)
-        bisect.insort(self._entries, _QueueEntry(key, request))
-
-    def peek(self) -> Request:
-        return self._entries[0].request
-
-    def pop(self) -> Request:
-        return self._entries.pop(0).request
-
-    def remove(self, request: Request) -> None:
-        self._entries = [e for e in self._entries if e.request is not request]
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __iter__(self) -> Iterator[Request]:
-        return (e.request for e in self._entries)
-
-
-@dataclass
-class _Batch:
-    """The batch being built by one `schedule()` call."""
-
-    token_budget: int  # tokens still allowed this step
-    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)  # insertion ordered
-    decode_ids: set[str] = field(default_factory=set)  # scheduled ids that are plain decodes
-    preempted_ids: set[str] = field(default_factory=set)  # requests preempted this step
-
-    def add(self, request: Request, num_new_tokens: int) -> None:
-        start = request.num_computed_tokens
-        end = start + num_new_tokens
-        self.scheduled[request.request_id] = ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.all_token_ids[start:end],
-            start_position=start,
-            block_table=request.block_ids,
-            sample=end == request.num_tokens,
-            sampling_params=request.sampling_params,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
-        )
-        self.token_budget -= num_new_tokens
-        if num_new_tokens == 1 and end == request.num_tokens and request.num_output_tokens:
-            self.decode_ids.add(request.request_id)
-
-    def remove(self, request_id: str) -> None:
-        entry = self.scheduled.pop(request_id, None)
-        if entry is not None:
-            self.token_budget += len(entry.token_ids)
-            self.decode_ids.discard(request_id)
 
 
 class Scheduler:
@@ -138,6 +78,7 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         eos_token_ids: Iterable[int],
+        spec_policy: SpecDecodePolicy | None = None,
     ) -> None:
         self.config = scheduler_config
         self.kv_cache = KVCacheManager(
@@ -149,7 +90,11 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
         self.num_preemptions = 0  # cumulative
+        self.spec_policy = spec_policy or SpecDecodePolicy(None, self.max_model_len)
+        method = self.spec_policy.config.method if self.spec_policy.config else ""
+        self.spec_stats = SpecDecodeStats(method=method)
         self._finished_ids: set[str] = set()  # to hand to the runner with the next batch
+        self._preempted_ids: set[str] = set()  # likewise
         self._arrivals = itertools.count()
 
     # ------------------------------------------------------------------ requests in / out
@@ -203,30 +148,47 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            spec_decode_method=self.spec_stats.method,
+            spec_decode_num_drafts=self.spec_stats.num_drafts,
+            spec_decode_num_draft_tokens=self.spec_stats.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(self.spec_stats.accepted_per_pos),
         )
 
     # ------------------------------------------------------------------ schedule
 
     def schedule(self) -> SchedulerOutput:
         """Build the next batch (see the module docstring for the policy)."""
-        batch = _Batch(token_budget=self.config.max_num_batched_tokens)
+        batch = StepBatch(token_budget=self.config.max_num_batched_tokens)
         self._schedule_running(batch)
         if not batch.preempted_ids:
             self._schedule_waiting(batch)
         return self._to_output(batch)
 
-    def _schedule_running(self, batch: _Batch) -> None:
+    def _schedule_running(self, batch: StepBatch) -> None:
         self.running.sort(key=_rank)
+        speculate = self.spec_policy.step_allows(len(self.running))
         index = 0
         while index < len(self.running) and batch.token_budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
-            if not self._allocate_or_preempt(request, num_new, batch):
+            num_spec = self._num_spec_slots(request, num_new, batch) if speculate else 0
+            if not num_spec and not self._allocate_or_preempt(request, num_new, batch):
                 break  # it preempted itself: it was the last one
-            self._add_to_batch(batch, request, num_new)
+            self._add_to_batch(batch, request, num_new, num_spec)
             index += 1
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, batch: _Batch) -> bool:
+    def _num_spec_slots(self, request: Request, num_new: int, batch: StepBatch) -> int:
+        """Speculative slots for a decode, allocated here when the free list has them."""
+        is_decode = num_new == 1 and request.num_output_tokens > 0
+        if not is_decode:
+            return 0
+        num_spec = min(self.spec_policy.num_spec_tokens(request), batch.token_budget - 1)
+        if num_spec > 0 and self.kv_cache.allocate_slots(request, 1 + num_spec):
+            return num_spec
+        return 0
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, batch: StepBatch) -> bool:
         """Get blocks for a running request, preempting the worst running ones (never one
         scheduled earlier in this step: they rank better). False if it preempted itself."""
         while not self.kv_cache.allocate_slots(request, num_new):
@@ -236,7 +198,7 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_waiting(self, batch: _Batch) -> None:
+    def _schedule_waiting(self, batch: StepBatch) -> None:
         while (
             self.waiting and batch.token_budget > 0 and len(self.running) < self.config.max_num_seqs
         ):
@@ -246,7 +208,7 @@ class Scheduler:
             if not self._try_admit(request, batch):
                 break
 
-    def _try_admit(self, request: Request, batch: _Batch) -> bool:
+    def _try_admit(self, request: Request, batch: StepBatch) -> bool:
         """Admit the head of the queue with its prefix-cache hits, if blocks allow; it may
         preempt running requests of strictly lower priority, worst first (they may already be
         in this batch: they leave it). The lookup is redone after each preemption, since a
@@ -266,7 +228,7 @@ class Scheduler:
         self._add_to_batch(batch, request, num_new)
         return True
 
-    def _num_prefill_tokens(self, num_uncomputed: int, batch: _Batch) -> int:
+    def _num_prefill_tokens(self, num_uncomputed: int, batch: StepBatch) -> int:
         """Tokens of an admitted prefill to run this step; 0 means it must wait."""
         if num_uncomputed <= batch.token_budget:
             return num_uncomputed
@@ -275,10 +237,13 @@ class Scheduler:
             return batch.token_budget
         return 0
 
-    def _add_to_batch(self, batch: _Batch, request: Request, num_new: int) -> None:
+    def _add_to_batch(
+        self, batch: StepBatch, request: Request, num_new: int, num_spec: int = 0
+    ) -> None:
         """Schedule the tokens and publish the blocks they fill in the prefix cache now, so
-        that a request admitted later in this step (n > 1 siblings) already shares them."""
-        batch.add(request, num_new)
+        that a request admitted later in this step (n > 1 siblings) already shares them
+        (speculative slots hold no known tokens: never published)."""
+        batch.add(request, num_new, num_spec)
         self.kv_cache.cache_blocks(request, request.num_computed_tokens + num_new)
 
     def _worst_running(self) -> Request:
@@ -293,7 +258,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)  # ranks after everyone admitted before it this step
 
-    def _preempt(self, request: Request, batch: _Batch) -> None:
+    def _preempt(self, request: Request, batch: StepBatch) -> None:
         """Preempt by recompute: free the blocks, keep the outputs, queue it again."""
         self.running.remove(request)
         if request.request_id in batch.scheduled:  # its KV for this step will not be written
@@ -303,24 +268,29 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self._preempted_ids.add(request.request_id)
         self.waiting.push(request, front_of_class=True)
         batch.remove(request.request_id)
         batch.preempted_ids.add(request.request_id)
 
-    def _to_output(self, batch: _Batch) -> SchedulerOutput:
+    def _to_output(self, batch: StepBatch) -> SchedulerOutput:
         """Decodes first, then prefill chunks; advance num_computed_tokens for all of them."""
         entries = list(batch.scheduled.values())
         scheduled = [e for e in entries if e.request_id in batch.decode_ids]
         scheduled += [e for e in entries if e.request_id not in batch.decode_ids]
         for entry in scheduled:
-            self.requests[entry.request_id].num_computed_tokens += len(entry.token_ids)
+            request = self.requests[entry.request_id]
+            request.num_computed_tokens += len(entry.token_ids) + entry.num_spec_tokens
         finished: set[str] = set()
+        preempted: set[str] = set()
         if scheduled:  # an empty batch is not executed: keep the ids for the next one
             finished, self._finished_ids = self._finished_ids, set()
+            preempted, self._preempted_ids = self._preempted_ids, set()
         return SchedulerOutput(
             scheduled=scheduled,
-            num_batched_tokens=sum(len(e.token_ids) for e in scheduled),
+            num_batched_tokens=sum(len(e.token_ids) + e.num_spec_tokens for e in scheduled),
             finished_request_ids=finished,
+            preempted_request_ids=preempted,
         )
 
     # ------------------------------------------------------------------ update
@@ -347,9 +317,26 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted (or preempted) since it was scheduled
             if entry.sample:
+                tokens = [sampled[entry.request_id]]
+                if entry.num_spec_tokens:
+                    accepted = self._settle_speculation(
+                        request, entry, runner_output.drafts.get(entry.request_id)
+                    )
+                    tokens = [*accepted, *tokens]
                 logprobs = runner_output.logprobs.get(entry.request_id)
-                outputs.append(self._append_token(request, sampled[entry.request_id], logprobs))
+                outputs.append(self._append_tokens(request, tokens, logprobs))
         return outputs
+
+    def _settle_speculation(
+        self, request: Request, entry: ScheduledRequest, draft: DraftResult | None
+    ) -> list[int]:
+        """Roll the request back past its rejected slots; return the accepted drafts."""
+        accepted = draft.accepted_token_ids if draft is not None else []
+        request.num_computed_tokens -= entry.num_spec_tokens - len(accepted)
+        self.kv_cache.trim(request, request.num_computed_tokens)
+        if draft is not None:
+            self.spec_stats.observe(len(draft.draft_token_ids), len(accepted))
+        return accepted
 
     def discard(self, scheduler_output: SchedulerOutput) -> None:
         """The batch did not run (the runner raised): roll its requests back to where they
@@ -360,25 +347,28 @@ class Scheduler:
                 request.num_computed_tokens = entry.start_position
                 self.kv_cache.uncache_blocks(request, entry.start_position)
 
-    def _append_token(
-        self, request: Request, token_id: int, logprobs: TokenLogprobs | None
+    def _append_tokens(
+        self, request: Request, token_ids: list[int], logprobs: TokenLogprobs | None
     ) -> EngineOutput:
-        request.append_output_token(token_id)
-        status = self._check_stop(request, token_id)
-        if status is not None:
-            self._finish(request, status)
+        """Append tokens one by one until a stop check ends the request (the rest dropped)."""
+        num_before = request.num_output_tokens
+        status: RequestStatus | None = None
+        for token_id in token_ids:
+            request.append_output_token(token_id)
+            status = self._check_stop(request, token_id)
+            if status is not None:
+                self._finish(request, status)
+                break
         want_logprobs = logprobs is not None and request.sampling_params.logprobs is not None
         return EngineOutput(
             request_id=request.request_id,
-            new_token_ids=[token_id],
+            new_token_ids=request.output_token_ids[num_before:],
             new_logprobs=[logprobs] if want_logprobs and logprobs is not None else None,
             finish_reason=status.finish_reason if status is not None else None,
             stop_reason=request.stop_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=request.num_cached_tokens,
-            first_scheduled_time=(
-                request.first_scheduled_time if request.num_output_tokens == 1 else None
-            ),
+            first_scheduled_time=request.first_scheduled_time if num_before == 0 else None,
         )
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:

@@ -102,7 +102,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     from modelyard.engine.core import EngineCore
     from modelyard.runner.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache)
+    runner = ModelRunner(config.model, config.cache, config.speculative)
     core = EngineCore(config, runner)
     ready = EngineReady(
         num_blocks=runner.num_kv_blocks,

@@ -73,7 +73,9 @@ def estimate_bytes(spec: ModelSpec) -> int:
     if spec.kind.is_llm:
         kv = int(spec.options.get("kv_cache_bytes", 512 * _MIB))
         factor = 6 if spec.source.endswith(".gguf") else 1
-        return WORKER_OVERHEAD_BYTES + weights * factor + kv
+        draft = str(spec.options.get("draft_source", ""))
+        draft_weights = _source_bytes(draft) * (6 if draft.endswith(".gguf") else 1) if draft else 0
+        return WORKER_OVERHEAD_BYTES + weights * factor + draft_weights + kv
     return WORKER_OVERHEAD_BYTES + int(weights * 1.5)
 
 
@@ -111,6 +113,18 @@ class LLMModel:
         await self.llm.shutdown()
 
 
+# speculative decoding: `draft` turns it on (ngram | self | the id of another catalog LLM that
+# shares the tokenizer; the catalog adds that model's source as `draft_source`)
+_SPECULATIVE_OPTIONS = (
+    "draft",
+    "draft_source",
+    "num_speculative_tokens",
+    "draft_layers",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "speculative_long_output_tokens",
+    "speculative_disable_by_batch_size",
+)
 _ENGINE_OPTIONS = frozenset(
     {
         "dtype",
@@ -125,6 +139,7 @@ _ENGINE_OPTIONS = frozenset(
         "max_num_batched_tokens",
         "max_waiting_requests",
         "max_waiting_prompt_tokens",
+        *_SPECULATIVE_OPTIONS,
     }
 )
 
@@ -156,7 +171,34 @@ def engine_config_for(spec: ModelSpec) -> Any:
         max_num_seqs=int(opts.get("max_num_seqs", 64)),
         max_num_batched_tokens=int(opts.get("max_num_batched_tokens", 2048)),
     )
-    return EngineConfig(model=model, cache=cache, scheduler=scheduler)
+    return EngineConfig(
+        model=model, cache=cache, scheduler=scheduler, speculative=speculative_config_for(spec)
+    )
+
+
+def speculative_config_for(spec: ModelSpec) -> Any:
+    """The `draft` options of an LLM entry -> SpeculativeConfig, or None without `draft`."""
+    from modelyard.engine.config import SpecMethod, SpeculativeConfig
+
+    opts = spec.options
+    draft = opts.get("draft")
+    if draft is None:
+        return None
+    methods: dict[str, SpecMethod] = {"ngram": "ngram", "self": "self_draft"}
+    method = methods.get(str(draft), "draft")
+    if method == "draft" and "draft_source" not in opts:
+        raise ValueError(f"{spec.id}: draft {draft!r} is not a catalog model")
+    renamed = {
+        "num_speculative_tokens": "num_speculative_tokens",
+        "draft_layers": "draft_layers",
+        "prompt_lookup_min": "prompt_lookup_min",
+        "prompt_lookup_max": "prompt_lookup_max",
+        "speculative_long_output_tokens": "long_output_tokens",
+        "speculative_disable_by_batch_size": "disable_by_batch_size",
+    }
+    values = {field: int(opts[key]) for key, field in renamed.items() if key in opts}
+    source = opts.get("draft_source") if method == "draft" else None
+    return SpeculativeConfig(method=method, draft_model=source, **values)
 
 
 def admission_limits_for(spec: ModelSpec) -> dict[str, int]:

@@ -7,7 +7,8 @@ right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
 
 - sets the gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`;
 - turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
-  `prefix_cache_hits`, `num_preemptions`) into increments of the Prometheus counters, by
+  `prefix_cache_hits`, `num_preemptions`, and the `spec_decode_*` ones of a model that
+  speculates, labelled with its proposer) into increments of the Prometheus counters, by
   remembering the last value seen per model. A value lower than the last one means the engine
   restarted: the new value counts in full (what Prometheus' `rate()` assumes after a reset);
 - removes the gauge series of models no longer loaded (counters keep their totals).
@@ -30,6 +31,10 @@ from modelyard.observability.metrics import (
     NUM_REQUESTS_WAITING,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
+    SPEC_DECODE_NUM_DRAFT_TOKENS,
+    SPEC_DECODE_NUM_DRAFTS,
 )
 
 EngineStatsSource = Callable[[], dict[str, SchedulerStats]]
@@ -40,6 +45,11 @@ _CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("prefix_cache_queries", PREFIX_CACHE_QUERIES),
     ("prefix_cache_hits", PREFIX_CACHE_HITS),
     ("num_preemptions", NUM_PREEMPTIONS),
+)
+_SPEC_CUMULATIVE: tuple[tuple[str, Counter], ...] = (
+    ("spec_decode_num_drafts", SPEC_DECODE_NUM_DRAFTS),
+    ("spec_decode_num_draft_tokens", SPEC_DECODE_NUM_DRAFT_TOKENS),
+    ("spec_decode_num_accepted_tokens", SPEC_DECODE_NUM_ACCEPTED_TOKENS),
 )
 
 
@@ -93,12 +103,27 @@ class EngineStatsCollector:
     def _add_increments(self, model: str, stats: SchedulerStats) -> None:
         last = self._last.setdefault(model, {})
         for name, counter in _CUMULATIVE:
-            value = int(getattr(stats, name))
-            previous = last.get(name, 0)
-            increment = value - previous if value >= previous else value
-            if increment > 0:
-                counter.labels(model=model).inc(increment)
-            last[name] = value
+            _increment(last, name, int(getattr(stats, name)), counter.labels(model=model))
+        method = stats.spec_decode_method
+        if not method:
+            return
+        for name, counter in _SPEC_CUMULATIVE:
+            child = counter.labels(model=model, method=method)
+            _increment(last, name, int(getattr(stats, name)), child)
+        for position, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            child = SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS.labels(
+                model=model, method=method, position=str(position)
+            )
+            _increment(last, f"spec_decode_pos_{position}", value, child)
+
+
+def _increment(last: dict[str, int], name: str, value: int, counter: Counter) -> None:
+    """Add what a cumulative value gained since the last scrape (all of it after a reset)."""
+    previous = last.get(name, 0)
+    increment = value - previous if value >= previous else value
+    if increment > 0:
+        counter.inc(increment)
+    last[name] = value
 
 
 ENGINE_STATS = EngineStatsCollector()

@@ -109,6 +109,20 @@ PREFIX_CACHE_HITS = Counter(
     P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["model"]
 )
 NUM_PREEMPTIONS = Counter(P + "num_preemptions", "Preemptions.", ["model"])
+SPEC_DECODE_NUM_DRAFTS = Counter(
+    P + "spec_decode_num_drafts", "Speculative verifications of >= 1 token.", ["model", "method"]
+)
+SPEC_DECODE_NUM_DRAFT_TOKENS = Counter(
+    P + "spec_decode_num_draft_tokens", "Proposed (draft) tokens.", ["model", "method"]
+)
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = Counter(
+    P + "spec_decode_num_accepted_tokens", "Proposed tokens accepted.", ["model", "method"]
+)
+SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = Counter(
+    P + "spec_decode_num_accepted_tokens_per_pos",
+    "Proposed tokens accepted, per draft position.",
+    ["model", "method", "position"],
+)
 
 # ------------------------------------------------------------------ model manager
 MODEL_LOAD_LATENCY = Histogram(
