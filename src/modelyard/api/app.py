@@ -26,8 +26,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import FastAPI
 
 from modelyard.api.errors import install_exception_handlers
+from modelyard.api.lora import LoRARegistry
 from modelyard.api.middleware import build_middleware_stack
-from modelyard.api.routes import embeddings, health, kserve, openai, predict, textbook, vllm_compat
+from modelyard.api.routes import (
+    embeddings,
+    health,
+    kserve,
+    lora,
+    openai,
+    predict,
+    textbook,
+    vllm_compat,
+)
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
 from modelyard.gateway import admin as gateway_admin
@@ -80,8 +90,9 @@ def build_app(
     app.state.startup_error = None
     app.state.started_at = time.time()
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
+    app.state.loras = LoRARegistry.from_provider(provider)  # LoRA adapters as model ids
     install_exception_handlers(app)
-    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings):
+    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings, lora):
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
     app.include_router(metrics_routes.router)

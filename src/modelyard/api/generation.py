@@ -4,7 +4,8 @@ Pipeline of one HTTP request (`open_generation`):
 
 1. the caller's Principal (gateway) must be allowed the requested model (else 403);
 2. `app.state.router.route(name, principal)` gives targets: primary first, then fallbacks;
-3. for each target: lease it from the provider, build the prompts with its tokenizer, submit one
+3. for each target: lease it from the provider (a LoRA adapter's target leases its base model
+   and runs with the adapter: api.lora), build the prompts with its tokenizer, submit one
    engine request per prompt and wait for each one's first output. ModelUnavailableError,
    EngineOverloadedError and EngineDeadError move on to the next target; nothing has been sent
    to the client yet, so the last error becomes the response status (429, 503...).
@@ -31,6 +32,7 @@ from starlette.requests import Request
 
 from modelyard.api.errors import APIError, ClientDisconnectedError
 from modelyard.api.llm_metrics import RequestTracker
+from modelyard.engine.messages import LoRARequest
 from modelyard.engine.protocol import (
     EngineDeadError,
     EngineOverloadedError,
@@ -192,12 +194,17 @@ async def open_generation(
     async with asyncio.timeout_at(deadline):
         for target in decision.targets:
             stack = AsyncExitStack()
+            adapter = state.loras.get(target) if hasattr(state, "loras") else None
+            lora = adapter.lora if adapter is not None else None
             try:
-                lease = await stack.enter_async_context(state.provider.lease(target))
+                lease = await stack.enter_async_context(
+                    state.provider.lease(adapter.base if adapter is not None else target)
+                )
+                model_id = target if adapter is not None else lease.model_id
                 llm = _llm_of(lease, requested)
                 prompts = await build_prompts(llm)
                 streams = await _start_streams(
-                    llm, prompts, params, principal.priority + priority, lease.model_id, principal
+                    llm, prompts, params, principal.priority + priority, model_id, principal, lora
                 )
             except FALLBACK_ERRORS as exc:
                 await stack.aclose()
@@ -208,7 +215,7 @@ async def open_generation(
             except BaseException:
                 await stack.aclose()
                 raise
-            return Generation(request, lease.model_id, llm, decision, streams, deadline, stack)
+            return Generation(request, model_id, llm, decision, streams, deadline, stack)
     if last_error is None:  # pragma: no cover - targets is not empty
         raise APIError(503, "no route target")
     raise last_error
@@ -231,12 +238,14 @@ async def _start_streams(
     priority: int,
     model_id: str,
     principal: Principal,
+    lora: LoRARequest | None = None,
 ) -> list[EngineStream]:
     """Submit every prompt and read each one's first output (errors surface here)."""
     streams: list[EngineStream] = []
     for prompt in prompts:
         request_id = f"req-{uuid.uuid4().hex}"
-        iterator = aiter(llm.generate(prompt, params, request_id, priority=priority))
+        options = {"lora": lora} if lora is not None else {}
+        iterator = aiter(llm.generate(prompt, params, request_id, priority=priority, **options))
         streams.append(
             EngineStream(request_id, iterator, RequestTracker(model_id, principal.tenant))
         )

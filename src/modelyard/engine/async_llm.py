@@ -30,10 +30,12 @@ from modelyard.engine.client import EngineCoreClient, OutputQueue
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.detokenizer import IncrementalDetokenizer
 from modelyard.engine.messages import (
+    DropLoRAs,
     EngineOutput,
     EngineReady,
     EngineRequest,
     FinishReason,
+    LoRARequest,
     SchedulerStats,
 )
 from modelyard.engine.protocol import (
@@ -243,6 +245,7 @@ class AsyncLLM:
         request_id: str,
         *,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs (see LLMClient.generate for the error contract)."""
         params.validate()
@@ -256,7 +259,7 @@ class AsyncLLM:
         state = self._new_state(request_id, prompt_ids, params)
         self._live[request_id] = state
         try:
-            queue = await self._submit(state, prompt_ids, params, priority)
+            queue = await self._submit(state, prompt_ids, params, priority, lora)
             while not state.finished:
                 output = await self._next_output(state, queue)
                 if output is not None:
@@ -273,6 +276,10 @@ class AsyncLLM:
         state = self._live.get(request_id)
         if state is not None:
             await self._client.abort(state.unfinished_ids())
+
+    async def drop_loras(self, names: list[str]) -> None:
+        if self._client.is_alive:
+            await self._client.send(DropLoRAs(names=list(names)))
 
     async def shutdown(self) -> None:
         await self._client.shutdown()
@@ -323,7 +330,12 @@ class AsyncLLM:
         return _RequestState(request_id, prompt_ids, completions)
 
     async def _submit(
-        self, state: _RequestState, prompt_ids: list[int], params: SamplingParams, priority: int
+        self,
+        state: _RequestState,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        lora: LoRARequest | None,
     ) -> OutputQueue:
         queue: OutputQueue = asyncio.Queue()
         for i, engine_id in enumerate(state.unfinished_ids()):
@@ -334,6 +346,7 @@ class AsyncLLM:
                 sampling_params=msgspec.structs.replace(params, n=1, seed=seed),
                 priority=priority,
                 arrival_time=state.metrics.arrival_time,
+                lora=lora,
             )
             await self._client.add_request(request, queue)
         return queue

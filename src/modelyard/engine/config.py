@@ -118,9 +118,35 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoRAConfig:
+    """Serving LoRA adapters on this model (runner.lora states the mechanism)."""
+
+    max_loras: int = 4
+    """Most different adapters in one step (each has a slot in the stacked LoRA weights)."""
+    max_lora_rank: int = 16
+    """Largest rank an adapter may have (the width of a slot)."""
+    max_cpu_loras: int = 16
+    """Most adapters kept loaded in memory (least recently used ones are dropped)."""
+    max_cpu_lora_bytes: int = 1024**3
+    """Memory for the loaded adapters' weights; least recently used ones are dropped first."""
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError("max_loras must be >= 1")
+        if self.max_lora_rank < 1:
+            raise ValueError("max_lora_rank must be >= 1")
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be >= max_loras")
+        if self.max_cpu_lora_bytes < 1:
+            raise ValueError("max_cpu_lora_bytes must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig | None = None
     """None: no speculative decoding."""
+    lora: LoRAConfig | None = None
+    """None: requests may not name a LoRA adapter."""

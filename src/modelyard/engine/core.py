@@ -8,12 +8,23 @@ Everything here runs on one thread; no method blocks except `step()` while the m
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from modelyard.engine.config import EngineConfig
-from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats
+from modelyard.engine.messages import EngineOutput, EngineRequest, LoRARequest, SchedulerStats
 from modelyard.engine.scheduler import Scheduler
 from modelyard.engine.scheduler_output import StepRunner
 from modelyard.engine.spec_decode import SpecDecodePolicy
+
+
+class LoRARunner(Protocol):
+    """What a runner needs for LoRA adapters (runner.model_runner.ModelRunner has it)."""
+
+    def check_lora(self, lora: LoRARequest) -> None: ...
+
+    def drop_loras(self, names: list[str]) -> None: ...
+
+    def fill_lora_stats(self, stats: SchedulerStats) -> None: ...
 
 
 class EngineCore:
@@ -22,6 +33,11 @@ class EngineCore:
     def __init__(self, config: EngineConfig, runner: StepRunner) -> None:
         self.config = config
         self.runner = runner
+        self._lora: LoRARunner | None = None
+        if config.lora is not None:
+            if not all(hasattr(runner, m) for m in ("check_lora", "drop_loras", "fill_lora_stats")):
+                raise ValueError("this runner cannot serve LoRA adapters")
+            self._lora = runner  # type: ignore[assignment]
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
@@ -29,13 +45,22 @@ class EngineCore:
             max_model_len=runner.max_model_len,
             eos_token_ids=runner.eos_token_ids,
             spec_policy=SpecDecodePolicy(config.speculative, runner.max_model_len),
+            max_loras=config.lora.max_loras if config.lora is not None else 0,
         )
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request. ValueError when it can never run: a prompt longer than the
         context length - 1, an empty prompt, a duplicate live id, invalid sampling params.
-        (The API process checks first; this is the last line.)"""
+        (The API process checks first; this is the last line.) A LoRA adapter is loaded
+        now, so one that does not fit the model fails only its request."""
+        if request.lora is not None and self._lora is not None:
+            self._lora.check_lora(request.lora)
         self.scheduler.add_request(request)
+
+    def drop_loras(self, names: list[str]) -> None:
+        """These adapters were unregistered: free their memory."""
+        if self._lora is not None:
+            self._lora.drop_loras(names)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Drop these requests; their KV blocks are free before the next step."""
@@ -57,4 +82,7 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        if self._lora is not None:
+            self._lora.fill_lora_stats(stats)
+        return stats

@@ -21,12 +21,19 @@ from modelyard.engine.config import (
     Dtype,
     EngineConfig,
     Implementation,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
 )
 from modelyard.engine.detokenizer import IncrementalDetokenizer
-from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason, SchedulerStats
+from modelyard.engine.messages import (
+    EngineOutput,
+    EngineRequest,
+    FinishReason,
+    LoRARequest,
+    SchedulerStats,
+)
 from modelyard.engine.protocol import Tokenizer
 from modelyard.engine.sampling_params import SamplingParams
 
@@ -75,7 +82,7 @@ class _Live:
 class LLM:
     """An engine in this process. Options are those of ModelConfig / CacheConfig /
     SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`), and
-    `speculative` (a SpeculativeConfig, or a dict of its fields)."""
+    `speculative` / `lora` (a SpeculativeConfig / LoRAConfig, or a dict of its fields)."""
 
     def __init__(
         self,
@@ -86,6 +93,7 @@ class LLM:
         implementation: Implementation = "auto",
         num_threads: int | None = None,
         speculative: SpeculativeConfig | dict[str, Any] | None = None,
+        lora: LoRAConfig | dict[str, Any] | None = None,
         **engine_options: Any,
     ) -> None:
         from modelyard.engine.core import EngineCore
@@ -100,10 +108,12 @@ class LLM:
         )
         if isinstance(speculative, dict):
             speculative = SpeculativeConfig(**speculative)
+        if isinstance(lora, dict):
+            lora = LoRAConfig(**lora)
         self.config = EngineConfig(
-            model=model_config, speculative=speculative, **_split_options(engine_options)
+            model=model_config, speculative=speculative, lora=lora, **_split_options(engine_options)
         )
-        self.runner = ModelRunner(self.config.model, self.config.cache, speculative)
+        self.runner = ModelRunner(self.config.model, self.config.cache, speculative, lora)
         self.core = EngineCore(self.config, self.runner)
         self.tokenizer: Tokenizer = load_tokenizer(self.runner.tokenizer_path)
 
@@ -118,9 +128,11 @@ class LLM:
         self,
         prompts: str | Sequence[str] | Sequence[list[int]],
         params: SamplingParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> list[GenerationResult]:
-        """Generate for every prompt (text, or token ids); results in input order. Raises
-        ValueError / PromptTooLongError before anything runs when an input is invalid."""
+        """Generate for every prompt (text, or token ids), with the LoRA adapter `lora` if
+        given; results in input order. Raises ValueError / PromptTooLongError before anything
+        runs when an input is invalid."""
         params = (params or SamplingParams()).validate()
         items: list[str | list[int]] = (
             [prompts] if isinstance(prompts, str) else [_as_prompt(p) for p in prompts]
@@ -140,7 +152,9 @@ class LLM:
                 request_id = f"{i}-{j}"
                 sub = msgspec.structs.replace(params, n=1, seed=seed)
                 requests.append(
-                    EngineRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=sub)
+                    EngineRequest(
+                        request_id=request_id, prompt_token_ids=ids, sampling_params=sub, lora=lora
+                    )
                 )
                 completion = Completion()
                 result.completions.append(completion)
@@ -156,6 +170,7 @@ class LLM:
         self,
         conversations: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
         params: SamplingParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> list[GenerationResult]:
         """Apply the tokenizer's chat template (with the generation prompt) to one
         conversation or a list of them, then generate."""
@@ -172,7 +187,7 @@ class LLM:
             )
             for messages in cast(Sequence[Sequence[dict[str, str]]], batch)
         ]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, lora)
 
     def _run(self, live: dict[str, _Live]) -> None:
         """Step the core until every request finished (stop strings abort theirs)."""

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from modelyard.engine.messages import FinishReason, SchedulerStats, TokenLogprobs
+from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -114,8 +114,10 @@ class LLMClient(Protocol):
         request_id: str,
         *,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request and stream its outputs; the last has finished=True.
+        """Submit a request (with the LoRA adapter `lora`, if any) and stream its outputs;
+        the last has finished=True.
 
         Raises PromptTooLongError / ValueError (bad params) / EngineOverloadedError before the
         first yield; EngineDeadError at any point. Closing the iterator early (client gone)
@@ -124,6 +126,10 @@ class LLMClient(Protocol):
         ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    async def drop_loras(self, names: list[str]) -> None:
+        """These adapters were unregistered: the engine frees their memory."""
+        ...
 
     def stats(self) -> SchedulerStats:
         """The latest scheduler snapshot received from the worker."""

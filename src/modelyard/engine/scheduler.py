@@ -16,6 +16,9 @@ Pure CPU code behind two methods (vLLM v1 / nano-vllm shape):
      head with a STRICTLY higher priority than the worst running request preempts that request
      (repeatedly, worst first) to make room. Equal priorities never preempt each other on
      admission, so FCFS inside a class cannot thrash.
+  A request with a LoRA adapter is admitted only while the running requests use fewer than
+  `max_loras` different adapters (or already use its own); its prefix-cache hashes are salted
+  with the adapter, so adapters never share KV.
 - `update(scheduler_output, runner_output) -> list[EngineOutput]` appends the sampled tokens,
   applies the stop checks and frees the blocks of finished requests at once (their ids go to
   the runner with the next batch).
@@ -79,6 +82,7 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int],
         spec_policy: SpecDecodePolicy | None = None,
+        max_loras: int = 0,
     ) -> None:
         self.config = scheduler_config
         self.kv_cache = KVCacheManager(
@@ -90,6 +94,7 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
         self.num_preemptions = 0  # cumulative
+        self.max_loras = max_loras  # most different LoRA adapters among running requests
         self.spec_policy = spec_policy or SpecDecodePolicy(None, self.max_model_len)
         method = self.spec_policy.config.method if self.spec_policy.config else ""
         self.spec_stats = SpecDecodeStats(method=method)
@@ -113,6 +118,8 @@ class Scheduler:
                 f"(context length {self.max_model_len})"
             )
         message.sampling_params.validate()
+        if message.lora is not None and not self.max_loras:
+            raise ValueError("this model serves no LoRA adapters")
         request = Request.from_engine_request(message)
         request.arrival_order = next(self._arrivals)
         self.requests[request.request_id] = request
@@ -212,7 +219,10 @@ class Scheduler:
         """Admit the head of the queue with its prefix-cache hits, if blocks allow; it may
         preempt running requests of strictly lower priority, worst first (they may already be
         in this batch: they leave it). The lookup is redone after each preemption, since a
-        victim's blocks published in this step are withdrawn."""
+        victim's blocks published in this step are withdrawn. A request whose LoRA adapter
+        would be one too many among the running ones waits."""
+        if not self._lora_fits(request):
+            return False
         while True:
             cached_blocks, num_cached = self.kv_cache.get_computed_blocks(request)
             num_new = self._num_prefill_tokens(request.num_tokens - num_cached, batch)
@@ -227,6 +237,12 @@ class Scheduler:
         self._admit(request, num_cached)
         self._add_to_batch(batch, request, num_new)
         return True
+
+    def _lora_fits(self, request: Request) -> bool:
+        if request.lora is None:
+            return True
+        running = {r.lora for r in self.running if r.lora is not None}
+        return request.lora in running or len(running) < self.max_loras
 
     def _num_prefill_tokens(self, num_uncomputed: int, batch: StepBatch) -> int:
         """Tokens of an admitted prefill to run this step; 0 means it must wait."""

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from modelyard.engine.messages import TokenLogprobs
+from modelyard.engine.messages import LoRARequest, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -43,6 +43,8 @@ class ScheduledRequest:
     """The prompt, for repetition penalties (a reference, not a copy)."""
     output_token_ids: Sequence[int]
     """Tokens generated so far, for penalties and min_tokens (a reference, not a copy)."""
+    lora: LoRARequest | None = None
+    """The adapter whose deltas the request's rows get (None: the base model)."""
     num_spec_tokens: int = 0
     """Speculative slots reserved after token_ids (a decode only): the runner may propose up
     to this many tokens, run them after token_ids at the next positions and verify them

@@ -71,6 +71,7 @@ class StepBatch:
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
+            lora=request.lora,
             num_spec_tokens=num_spec_tokens,
         )
         self.token_budget -= num_new_tokens + num_spec_tokens

@@ -29,6 +29,7 @@ import psutil
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import (
     AbortRequests,
+    DropLoRAs,
     EngineCommand,
     EngineFailed,
     EngineOutput,
@@ -63,6 +64,8 @@ class Core(Protocol):
     def add_request(self, request: EngineRequest) -> None: ...
 
     def abort_requests(self, request_ids: list[str]) -> None: ...
+
+    def drop_loras(self, names: list[str]) -> None: ...
 
     def step(self) -> list[EngineOutput]: ...
 
@@ -102,7 +105,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     from modelyard.engine.core import EngineCore
     from modelyard.runner.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache, config.speculative)
+    runner = ModelRunner(config.model, config.cache, config.speculative, config.lora)
     core = EngineCore(config, runner)
     ready = EngineReady(
         num_blocks=runner.num_kv_blocks,
@@ -151,6 +154,8 @@ def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConne
     elif isinstance(command, AbortRequests):
         core.abort_requests(command.request_ids)
         live.difference_update(command.request_ids)
+    elif isinstance(command, DropLoRAs):
+        core.drop_loras(command.names)
 
 
 def _step(core: Core, live: set[str]) -> list[EngineOutput]:

@@ -125,6 +125,14 @@ _SPECULATIVE_OPTIONS = (
     "speculative_long_output_tokens",
     "speculative_disable_by_batch_size",
 )
+# LoRA adapters: any of these turns them on; lora_modules declares adapters {name: folder}
+_LORA_OPTIONS = (
+    "lora_modules",
+    "max_loras",
+    "max_lora_rank",
+    "max_cpu_loras",
+    "max_cpu_lora_bytes",
+)
 _ENGINE_OPTIONS = frozenset(
     {
         "dtype",
@@ -140,6 +148,7 @@ _ENGINE_OPTIONS = frozenset(
         "max_waiting_requests",
         "max_waiting_prompt_tokens",
         *_SPECULATIVE_OPTIONS,
+        *_LORA_OPTIONS,
     }
 )
 
@@ -172,8 +181,31 @@ def engine_config_for(spec: ModelSpec) -> Any:
         max_num_batched_tokens=int(opts.get("max_num_batched_tokens", 2048)),
     )
     return EngineConfig(
-        model=model, cache=cache, scheduler=scheduler, speculative=speculative_config_for(spec)
+        model=model,
+        cache=cache,
+        scheduler=scheduler,
+        speculative=speculative_config_for(spec),
+        lora=lora_config_for(spec),
     )
+
+
+def lora_config_for(spec: ModelSpec) -> Any:
+    """The LoRA options of an LLM entry -> LoRAConfig, or None when it serves no adapters."""
+    from modelyard.engine.config import LoRAConfig
+
+    opts = spec.options
+    if not any(key in opts for key in _LORA_OPTIONS):
+        return None
+    sizes = {key: int(opts[key]) for key in _LORA_OPTIONS[1:] if key in opts}
+    return LoRAConfig(**sizes)
+
+
+def lora_modules_of(spec: ModelSpec) -> dict[str, str]:
+    """The adapters an LLM entry declares: {adapter name: PEFT folder}."""
+    modules = spec.options.get("lora_modules") or {}
+    if not isinstance(modules, dict):
+        raise ValueError(f"{spec.id}: lora_modules must map adapter names to folders")
+    return {str(name): str(path) for name, path in modules.items()}
 
 
 def speculative_config_for(spec: ModelSpec) -> Any:

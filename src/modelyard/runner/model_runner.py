@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from contextlib import AbstractContextManager
 from typing import Literal
 
 import torch
 
-from modelyard.engine.config import CacheConfig, ModelConfig, SpeculativeConfig
+from modelyard.engine.config import CacheConfig, LoRAConfig, ModelConfig, SpeculativeConfig
+from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.engine.scheduler_output import (
     DraftResult,
     RunnerOutput,
@@ -75,6 +77,7 @@ class ModelRunner:
         model_config: ModelConfig,
         cache_config: CacheConfig,
         speculative: SpeculativeConfig | None = None,
+        lora: LoRAConfig | None = None,
     ) -> None:
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
@@ -89,8 +92,8 @@ class ModelRunner:
         self.tokenizer_path = str(self.resolved.tokenizer_path)
         self._max_model_len = _max_model_len(config, model_config.max_model_len)
         self._eos_token_ids = _eos_token_ids(self.resolved)
-        if speculative is not None and self.implementation != "native":
-            raise ValueError("speculative decoding needs the native implementation")
+        if (speculative is not None or lora is not None) and self.implementation != "native":
+            raise ValueError("speculative decoding and LoRA need the native implementation")
         draft = resolve_draft(speculative, self.resolved)
         per_block = LlamaModel.kv_bytes_per_block(config, self.dtype, self.block_size)
         if draft is not None:  # the draft's KV tensors share the target's block ids
@@ -109,6 +112,7 @@ class ModelRunner:
                     num_blocks=self._num_blocks,
                     block_size=self.block_size,
                     max_model_len=self._max_model_len,
+                    lora=lora,
                 )
             else:
                 self._generic = GenericModel(
@@ -125,6 +129,26 @@ class ModelRunner:
                 max_model_len=self._max_model_len,
                 team=_TEAM,
             )
+
+    def check_lora(self, lora: LoRARequest) -> None:
+        """Load the adapter (ValueError when it does not fit this model or LoRA is off)."""
+        if self._native is None or self._native.lora is None:
+            raise ValueError("this model serves no LoRA adapters")
+        with torch.inference_mode():
+            self._native.lora.check(lora)
+
+    def drop_loras(self, names: list[str]) -> None:
+        if self._native is not None and self._native.lora is not None:
+            with torch.inference_mode():
+                self._native.lora.drop(names)
+
+    def fill_lora_stats(self, stats: SchedulerStats) -> None:
+        lora = self._native.lora if self._native is not None else None
+        if lora is not None:
+            stats.lora_resident = lora.resident
+            stats.lora_resident_bytes = lora.resident_bytes
+            stats.lora_loads = lora.stats.loads
+            stats.lora_load_seconds = lora.stats.load_seconds
 
     @property
     def num_kv_blocks(self) -> int:
@@ -232,8 +256,16 @@ class ModelRunner:
             if r.sample:  # the last real token's row, then one per proposed token
                 rows.extend(range(end - 1 - len(drafts.get(r.request_id, ())), end))
         sample_rows = torch.tensor(rows, dtype=torch.long)  # (S + proposed,)
-        with kernels.team(meta.all_decodes and _TEAM):
+        lora_rows = [(r.lora, n) for r, n in zip(scheduled, lengths, strict=True)]
+        with kernels.team(meta.all_decodes and _TEAM), self._lora_step(lora_rows):
             return self._native.forward(input_ids, meta, sample_rows)
+
+    def _lora_step(
+        self, rows: list[tuple[LoRARequest | None, int]]
+    ) -> AbstractContextManager[None]:
+        """The adapters of this forward's rows (nothing to do without LoRA)."""
+        lora = self._native.lora if self._native is not None else None
+        return lora.step(rows) if lora is not None else contextlib.nullcontext()
 
 
 def _max_model_len(config: object, requested: int | None) -> int:

@@ -124,3 +124,17 @@ def test_speculative_decoding_options_and_a_draft_named_by_catalog_id() -> None:
     assert config.disable_by_batch_size == 4
     with pytest.raises(ValueError, match="not another LLM"):
         Catalog([chat_spec(options={"draft": "missing"})])
+
+
+def test_lora_options_turn_adapters_on() -> None:
+    from modelyard.manager.loaders import lora_modules_of
+
+    assert engine_config_for(chat_spec()).lora is None
+    spec = chat_spec(
+        options={"lora_modules": {"finance": "/a/finance"}, "max_loras": 8, "max_lora_rank": 32}
+    )
+    lora = engine_config_for(spec).lora
+    assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras) == (8, 32, 16)
+    assert lora_modules_of(spec) == {"finance": "/a/finance"}
+    with pytest.raises(ValueError, match="lora_modules"):
+        lora_modules_of(chat_spec(options={"lora_modules": ["finance"]}))

@@ -80,12 +80,23 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """OpenAI model list from the provider's describe() (ids and aliases of every model)."""
+    """OpenAI model list from the provider's describe() (ids and aliases of every model), then
+    the LoRA adapters, each with its base model as `parent` (as vLLM lists them)."""
     described = request.app.state.provider.describe()
     created = int(request.app.state.started_at)
     data = [
         {"id": model_id, "object": "model", "created": created, "owned_by": "modelyard"}
         for model_id in model_ids_of(described)
+    ]
+    data += [
+        {
+            "id": adapter.lora.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "modelyard",
+            "parent": adapter.base,
+        }
+        for adapter in getattr(request.app.state, "loras", ())
     ]
     return {"object": "list", "data": data}
 
