@@ -1,9 +1,11 @@
-"""Gateway cost per request: auth + rate limit + routing, against the gateway switched off.
+"""Gateway cost per request: auth + authorize + route + rate limit + usage, against the gateway
+switched off.
 
 Runs in-process through ASGI (no sockets, no HTTP parsing: only the gateway's own work differs
-between variants). A minimal handler reads the body, routes through `app.state`-style router,
-fills the RequestUsage and answers a small JSON. Variants:
-- off:         no middleware, IdentityRouter;
+between variants). A minimal model route reads the body and goes through the real request path
+(gateway/request_path.py) over a provider whose leases cost nothing, reports token counts and
+answers a small JSON. Variants:
+- off:         no middleware, the router called directly, IdentityRouter;
 - memory:      API key (SQLite store, default 2 s lookup cache), rpm+tpm limits in memory,
                weighted router with a 10 % canary;
 - memory-jwt:  the same with an RS256 JWT instead of an API key (JWKS file);
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -30,25 +33,25 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelyard.gateway.base import (
-    ANONYMOUS,
-    PRINCIPAL_SCOPE_KEY,
-    USAGE_SCOPE_KEY,
-    IdentityRouter,
-    ModelRouter,
-)
+from modelyard.gateway.base import ANONYMOUS, IdentityRouter, ModelRouter
 from modelyard.gateway.config import GatewayConfig
 from modelyard.gateway.gateway import Gateway, build_gateway
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 from modelyard.gateway.middleware import build_gateway_middleware
+from modelyard.gateway.request_path import Demand, LLMLease, RequestPath
 from modelyard.gateway.router import build_router
+from modelyard.gateway.ticket import TICKET_SCOPE_KEY
+from modelyard.manager.base import ModelKind
+from modelyard.manager.catalog import ModelSpec
 
 RESULTS = Path(__file__).parent / "results" / "gateway_overhead.json"
 BODY = json.dumps(
@@ -57,24 +60,55 @@ BODY = json.dumps(
 ROUTES = {"models": {"chat": {"target": "chat-v1", "canary": {"chat-v2": 0.1}}}, "seed": 1}
 
 
-def make_handler(router: ModelRouter) -> ASGIApp:
+class FreeLease:
+    """A lease of a chat model that costs nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.model_id, self.kind = name, ModelKind.CHAT
+        self.llm: Any = None
+        self.predictor: Any = None
+        self.metadata: dict[str, Any] = {}
+
+
+class FreeModels:
+    """Every name is a loaded chat model."""
+
+    def spec(self, name: str) -> ModelSpec:
+        return ModelSpec(id=name, kind=ModelKind.CHAT)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str) -> AsyncIterator[FreeLease]:
+        yield FreeLease(name)
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+def make_handler(router: ModelRouter, config: GatewayConfig) -> ASGIApp:
+    path = RequestPath(FreeModels(), router, timeout_s=60)  # type: ignore[arg-type]
+
+    async def start(lease: LLMLease) -> None:
+        return None
+
     async def handler(scope: Scope, receive: Receive, send: Send) -> None:
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-        decision = router.route(
-            json.loads(body)["model"], scope.get(PRINCIPAL_SCOPE_KEY, ANONYMOUS)
-        )
-        usage = scope.get(USAGE_SCOPE_KEY)
-        if usage is not None:
-            usage.prompt_tokens, usage.completion_tokens = 12, 16
-        payload = json.dumps({"model": decision.targets[0]}).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"x-modelyard-route", decision.header.encode()),
-        ]
+        request = Request(scope, receive)
+        body = await request.body()
+        model = json.loads(body)["model"]
+        if TICKET_SCOPE_KEY in scope:  # the gateway is on: the whole request path
+            demand = Demand.generation(
+                config.rate_limit, body_bytes=len(body), max_tokens=16, sequences=1
+            )
+            served = await path.open_llm(request, model, demand, start)
+            served.record_tokens(12, 16)
+            await served.aclose()
+            target = served.model_id
+        else:
+            target = router.route(model, ANONYMOUS).targets[0]
+        payload = json.dumps({"model": target}).encode()
+        headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
@@ -190,7 +224,7 @@ async def run_variant(
     config = GatewayConfig.from_dict(section)
     gateway = build_gateway(config)
     try:
-        app = wrap(make_handler(build_router(config)), config, gateway)
+        app = wrap(make_handler(build_router(config), config), config, gateway)
         return await measure(app, headers, n, warmup)
     finally:
         await gateway.close()
@@ -205,7 +239,8 @@ async def main(n: int, warmup: int) -> dict[str, Any]:
     base = {"keys": {"sqlite_path": str(db)}, "routes": ROUTES}
     jwt_section, token = jwt_setup(tmp)
     results: dict[str, Any] = {}
-    results["off"] = summary(await measure(make_handler(IdentityRouter()), [], n, warmup))
+    off = make_handler(IdentityRouter(), GatewayConfig())
+    results["off"] = summary(await measure(off, [], n, warmup))
     results["memory"] = summary(await run_variant(base, key_headers, n, warmup))
     jwt_config = {
         **base,

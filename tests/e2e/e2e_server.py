@@ -61,12 +61,12 @@ def free_port() -> int:
 
 
 def start_server(
-    tmp: Path, *extra: str, config: str | None = None, catalog_text: str = CATALOG
+    tmp: Path, *extra: str, config: str | None = None, catalog_yaml: str = CATALOG
 ) -> ServerProcess:
-    """Start `modelyard serve` on a free port with the e2e catalog (or `catalog_text`) and
-    wait for /ready."""
+    """Start `modelyard serve` on a free port with the e2e catalog (or `catalog_yaml`) and wait
+    for /ready."""
     catalog = tmp / "catalog.yaml"
-    catalog.write_text(catalog_text)
+    catalog.write_text(catalog_yaml)
     port = free_port()
     args = [sys.executable, "-m", "modelyard.cli", "serve", "--port", str(port)]
     args += ["--catalog", str(catalog), *extra]

@@ -7,12 +7,16 @@ app = build_app(provider, config, router=None, startup=manager.start)
 - `provider`: where models come from (`Manager` in `serve`, small fakes in tests);
 - `config`: the ModelyardConfig (middleware limits, timeouts, textbook defaults);
 - `router`: the gateway's ModelRouter (default: built from config.gateway routes, identity if none);
+- `gateway`: the gateway's parts (default: built from config.gateway), shared by the auth
+  middleware and the request path every model route goes through (gateway/request_path.py);
 - `startup`: awaited in the background after the server starts listening (e.g. preloading the
   pinned models); `/ready` answers 503 until it returns, `/health` answers 200 meanwhile;
 - `close_provider`: on shutdown (after uvicorn drained in-flight requests) `provider.close()`
   stops every worker.
 
-`app.state` holds `provider`, `router`, `config`, `ready`, `startup_error`, `started_at`, `vllm`.
+`app.state` holds `provider`, `router`, `request_path`, `config`, `ready`, `startup_error`,
+`started_at`, `vllm`. Every route depends on `admit_request` (one request and one concurrency slot
+for routes that run no model; model routes are admitted by the request path after routing).
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from modelyard.api.errors import install_exception_handlers
-from modelyard.api.lora import LoRARegistry
+from modelyard.api.lora import AdapterProvider, LoRARegistry
 from modelyard.api.middleware import build_middleware_stack
 from modelyard.api.routes import (
     embeddings,
@@ -42,6 +46,10 @@ from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
 from modelyard.gateway import admin as gateway_admin
 from modelyard.gateway.base import ModelRouter
+from modelyard.gateway.config import GatewayConfig
+from modelyard.gateway.gateway import Gateway, build_gateway
+from modelyard.gateway.request_path import RequestPath, admit_request, require_admin
+from modelyard.gateway.router import build_router
 from modelyard.manager.base import ModelProvider
 from modelyard.observability import routes as metrics_routes
 from modelyard.observability.collectors import register_provider_stats
@@ -57,9 +65,12 @@ def build_app(
     startup: Callable[[], Awaitable[object]] | None = None,
     close_provider: bool = True,
     vllm: VLLMBackend | None = None,
+    gateway: Gateway | None = None,
 ) -> FastAPI:
     """The FastAPI app with every route, the middleware stack and the error handlers."""
     config = config or ModelyardConfig()
+    gateway = gateway or build_gateway(GatewayConfig.from_dict(config.gateway))
+    router = router or build_router(gateway.config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,32 +90,31 @@ def build_app(
     app = FastAPI(
         title="modelyard",
         lifespan=lifespan,
-        middleware=build_middleware_stack(config),
+        middleware=build_middleware_stack(config, gateway),
+        dependencies=[Depends(admit_request)],
         docs_url="/docs",
         redoc_url=None,
     )
     app.state.provider = provider
-    app.state.router = router or _gateway_router(config)
+    app.state.router = router
+    app.state.loras = LoRARegistry.from_provider(provider)  # LoRA adapters as model ids
+    app.state.request_path = RequestPath(
+        AdapterProvider(provider, app.state.loras),
+        router,
+        timeout_s=config.server.request_timeout_s,
+    )
     app.state.config = config
     app.state.ready = startup is None
     app.state.startup_error = None
     app.state.started_at = time.time()
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
-    app.state.loras = LoRARegistry.from_provider(provider)  # LoRA adapters as model ids
     install_exception_handlers(app)
     for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings, lora):
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
-    app.include_router(metrics_routes.router)
+    # /metrics names tenants: admin scope, unless listed in gateway.open_paths (a scraper)
+    app.include_router(metrics_routes.router, dependencies=[Depends(require_admin)])
     return app
-
-
-def _gateway_router(config: ModelyardConfig) -> ModelRouter:
-    """The router of the config's gateway.routes (identity when none are configured)."""
-    from modelyard.gateway.config import GatewayConfig
-    from modelyard.gateway.router import build_router
-
-    return build_router(GatewayConfig.from_dict(config.gateway))
 
 
 async def _run_startup(app: FastAPI, startup: Callable[[], Awaitable[object]]) -> None:

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from modelyard.gateway.errors import GatewayError
 from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ def api_error_from_exception(exc: BaseException) -> APIError:
     """Map any exception a route can meet onto an APIError (unknown ones become a 500)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, GatewayError):
+        return _from_gateway(exc)
     if isinstance(exc, ClientDisconnectedError):
         return APIError(499, "client disconnected")
     if isinstance(exc, PromptTooLongError):
@@ -135,6 +138,19 @@ def api_error_from_exception(exc: BaseException) -> APIError:
         return APIError(400, str(exc), param=param_from_value_error(str(exc)))
     log.exception("unhandled error", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _from_gateway(exc: GatewayError) -> APIError:
+    """The request path's refusals (403 allow-list / scope, 429 quota, 503 store down...)."""
+    retry = next((v for k, v in exc.headers if k.lower() == "retry-after"), None)
+    return APIError(
+        exc.status,
+        exc.message,
+        type=exc.err_type,
+        param=exc.param,
+        code=exc.code,
+        retry_after_s=float(retry) if retry is not None else None,
+    )
 
 
 def _message(exc: BaseException, default: str) -> str:
@@ -180,6 +196,7 @@ def install_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)
     for exc_type in (
         APIError,
+        GatewayError,
         ClientDisconnectedError,
         PromptTooLongError,
         ModelNotFoundError,

@@ -1,17 +1,16 @@
-"""Run LLM requests for the routes: route, lease (with fallback), generate, time out, abort.
+"""LLM requests for the generation routes: engine streams over the request path's lease.
 
 Pipeline of one HTTP request (`open_generation`):
 
-1. the caller's Principal (gateway) must be allowed the requested model (else 403);
-2. `app.state.router.route(name, principal)` gives targets: primary first, then fallbacks;
-3. for each target: lease it from the provider (a LoRA adapter's target leases its base model
-   and runs with the adapter: api.lora), build the prompts with its tokenizer, submit one
-   engine request per prompt and wait for each one's first output. ModelUnavailableError,
-   EngineOverloadedError and EngineDeadError move on to the next target; nothing has been sent
-   to the client yet, so the last error becomes the response status (429, 503...).
-4. the route reads `Generation.outputs(i)` (each read bounded by the request deadline) and
+1. the request path (gateway/request_path.py) authorizes the requested name, routes it, admits
+   the tenant's quotas (tpm: body bytes / chars_per_token + max_tokens x n x prompts) and leases
+   targets in order;
+2. for the leased LLM, `start` builds the prompts with its tokenizer, submits one engine request
+   per prompt and waits for each one's first output; an overloaded or dead engine makes the path
+   try the next target (nothing has been sent to the client yet);
+3. the route reads `Generation.outputs(i)` (each read bounded by the request deadline) and
    always ends with `Generation.aclose()`: unfinished engine requests are aborted (iterator
-   closed + explicit abort), the lease is released, usage and metrics are recorded.
+   closed + explicit abort), token counts go to the path, which releases the lease and settles.
 
 `cancel_on_disconnect` cancels the handler when the client goes away before the response starts;
 after that, StreamingResponse's own disconnect listener cancels the stream.
@@ -23,41 +22,36 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from starlette.requests import Request
 
-from modelyard.api.errors import APIError, ClientDisconnectedError
+from modelyard.api.errors import ClientDisconnectedError
 from modelyard.api.llm_metrics import RequestTracker
-from modelyard.engine.messages import LoRARequest
 from modelyard.engine.protocol import (
     EngineDeadError,
-    EngineOverloadedError,
     LLMClient,
     PromptTooLongError,
     RequestOutput,
 )
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.gateway.base import (
-    ANONYMOUS,
-    PRINCIPAL_SCOPE_KEY,
-    USAGE_SCOPE_KEY,
-    Principal,
-    RequestUsage,
-    RouteDecision,
+from modelyard.gateway.base import Principal, RouteDecision
+from modelyard.gateway.request_path import (
+    Demand,
+    LLMLease,
+    RequestPath,
+    Served,
+    principal_of,
+    ticket_of,
 )
-from modelyard.manager.base import ModelUnavailableError
 
 log = logging.getLogger(__name__)
 
 Prompt = str | list[int]
 PromptBuilder = Callable[[LLMClient], Awaitable[list[Prompt]]]
-
-#: Errors that send the request to the next route target (nothing was sent to the client yet).
-FALLBACK_ERRORS = (ModelUnavailableError, EngineOverloadedError, EngineDeadError)
 
 
 @dataclass(slots=True)
@@ -73,16 +67,29 @@ class EngineStream:
 
 @dataclass(slots=True)
 class Generation:
-    """The engine requests of one HTTP request on the chosen model; close with aclose()."""
+    """The engine requests of one HTTP request on the served model; close with aclose()."""
 
-    request: Request
-    model_id: str  # the model that serves it
-    llm: LLMClient
-    decision: RouteDecision
-    streams: list[EngineStream]
-    deadline: float  # loop.time() by which everything must be done
-    _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
+    served: Served[list[EngineStream]]  # the request path's lease, quota and usage
+    llm: LLMClient  # the serving engine
     _closed: bool = False
+
+    @property
+    def model_id(self) -> str:
+        """The model that serves it."""
+        return self.served.model_id
+
+    @property
+    def decision(self) -> RouteDecision:
+        return self.served.decision
+
+    @property
+    def streams(self) -> list[EngineStream]:
+        return self.served.value
+
+    @property
+    def deadline(self) -> float:
+        """loop.time() by which everything must be done."""
+        return self.served.deadline
 
     async def outputs(self, index: int) -> AsyncIterator[RequestOutput]:
         """The outputs of stream `index`, in order; TimeoutError past the deadline."""
@@ -143,33 +150,21 @@ class Generation:
         return self.streams[0].tracker.timings() if self.streams else {}
 
     async def aclose(self) -> None:
-        """Abort what is unfinished, release the lease, fill usage, record metrics."""
+        """Abort what is unfinished, record metrics, hand the token counts to the request path,
+        which releases the lease and settles the quota."""
         if self._closed:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            await _close_streams(self.llm, self.streams)
-            usage = usage_of(self.request)
-            usage.model = self.model_id
-            for stream in self.streams:
-                usage.prompt_tokens += stream.tracker.prompt_tokens
-                usage.completion_tokens += stream.tracker.completion_tokens
-                stream.tracker.record(aborted=not stream.finished)
-            await self._stack.aclose()
-
-
-def principal_of(request: Request) -> Principal:
-    principal = request.scope.get(PRINCIPAL_SCOPE_KEY, ANONYMOUS)
-    return principal if isinstance(principal, Principal) else ANONYMOUS
-
-
-def usage_of(request: Request) -> RequestUsage:
-    """The RequestUsage in the scope (created when the gateway did not put one there)."""
-    usage = request.scope.get(USAGE_SCOPE_KEY)
-    if not isinstance(usage, RequestUsage):
-        usage = RequestUsage()
-        request.scope[USAGE_SCOPE_KEY] = usage
-    return usage
+            try:
+                await _close_streams(self.llm, self.streams)
+                for stream in self.streams:
+                    self.served.record_tokens(
+                        stream.tracker.prompt_tokens, stream.tracker.completion_tokens
+                    )
+                    stream.tracker.record(aborted=not stream.finished)
+            finally:
+                await self.served.aclose()
 
 
 async def open_generation(
@@ -179,56 +174,28 @@ async def open_generation(
     params: SamplingParams,
     *,
     priority: int = 0,
+    num_prompts: int = 1,
 ) -> Generation:
-    """Route, lease and start the engine requests (steps 1-3 above). Raises APIError or the
-    engine/manager error of the last target tried (mapped to a status by errors.py)."""
-    state = request.app.state
+    """Steps 1-2 above; raises the request path's refusals or the error of the last target."""
+    path: RequestPath = request.app.state.request_path
     principal = principal_of(request)
-    if not principal.may_use(requested):
-        raise APIError(403, f"model {requested!r} is not allowed for this key", param="model")
-    decision: RouteDecision = state.router.route(requested, principal)
-    if not decision.targets:
-        raise APIError(404, f"model {requested!r} not found", param="model")
-    deadline = asyncio.get_running_loop().time() + state.config.server.request_timeout_s
-    last_error: BaseException | None = None
-    async with asyncio.timeout_at(deadline):
-        for target in decision.targets:
-            stack = AsyncExitStack()
-            adapter = state.loras.get(target) if hasattr(state, "loras") else None
-            lora = adapter.lora if adapter is not None else None
-            try:
-                lease = await stack.enter_async_context(
-                    state.provider.lease(adapter.base if adapter is not None else target)
-                )
-                model_id = target if adapter is not None else lease.model_id
-                llm = _llm_of(lease, requested)
-                prompts = await build_prompts(llm)
-                streams = await _start_streams(
-                    llm, prompts, params, principal.priority + priority, model_id, principal, lora
-                )
-            except FALLBACK_ERRORS as exc:
-                await stack.aclose()
-                last_error = exc
-                state.router.report_failure(target)
-                log.info("target %s of %r failed (%s); trying the next", target, requested, exc)
-                continue
-            except BaseException:
-                await stack.aclose()
-                raise
-            return Generation(request, model_id, llm, decision, streams, deadline, stack)
-    if last_error is None:  # pragma: no cover - targets is not empty
-        raise APIError(503, "no route target")
-    raise last_error
+    demand = Demand.generation(
+        ticket_of(request).gateway.config.rate_limit,
+        body_bytes=len(await request.body()),
+        max_tokens=params.max_tokens,
+        sequences=params.n * num_prompts,
+    )
 
+    async def start(lease: LLMLease) -> list[EngineStream]:
+        prompts = await build_prompts(lease.llm)
+        return await _start_streams(
+            lease.llm, prompts, params, principal.priority + priority, lease.model_id, principal
+        )
 
-def _llm_of(lease: Any, requested: str) -> LLMClient:
-    try:
-        llm: LLMClient = lease.llm
-    except TypeError as exc:
-        raise APIError(
-            400, f"model {requested!r} is not a text-generation model", param="model"
-        ) from exc
-    return llm
+    served = await path.open_llm(request, requested, demand, start)
+    if not isinstance(served.lease, LLMLease):  # pragma: no cover - open_llm leases LLMs
+        raise TypeError("not an LLM lease")
+    return Generation(served, served.lease.llm)
 
 
 async def _start_streams(
@@ -238,14 +205,12 @@ async def _start_streams(
     priority: int,
     model_id: str,
     principal: Principal,
-    lora: LoRARequest | None = None,
 ) -> list[EngineStream]:
     """Submit every prompt and read each one's first output (errors surface here)."""
     streams: list[EngineStream] = []
     for prompt in prompts:
         request_id = f"req-{uuid.uuid4().hex}"
-        options = {"lora": lora} if lora is not None else {}
-        iterator = aiter(llm.generate(prompt, params, request_id, priority=priority, **options))
+        iterator = aiter(llm.generate(prompt, params, request_id, priority=priority))
         streams.append(
             EngineStream(request_id, iterator, RequestTracker(model_id, principal.tenant))
         )

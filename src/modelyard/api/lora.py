@@ -1,10 +1,12 @@
 """The LoRA adapters this server knows: adapter name -> base model, PEFT folder, registration.
 
 An adapter is addressed like a model: its name is a model id (listed by /v1/models with its base
-as `parent`, as vLLM lists them), a route target, a tenant override's target. When a request's
-target is an adapter, the generation leases the BASE model and runs with the adapter
-(`LoRARequest` in the engine request); the engine loads the adapter's weights from the folder on
-first use, so the registry survives the base model being unloaded and reloaded.
+as `parent`, as vLLM lists them, and on allow-lists by that name), a route target, a tenant
+override's target. `AdapterProvider` wraps the model provider the request path leases from: a
+lease of an adapter leases its BASE model and hands out the base's engine with the adapter set
+on every request (`LoRARequest` in the engine request); the engine loads the adapter's weights
+from the folder on first use, so the registry survives the base model being unloaded and
+reloaded.
 
 Adapters come from the catalog (`lora_modules: {name: folder}` on an LLM entry) and from the
 admin-only `POST /v1/load_lora_adapter` (api.routes.lora). The folder is never a client's
@@ -13,11 +15,18 @@ choice outside those admin calls.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from modelyard.engine.messages import LoRARequest
+from modelyard.engine.messages import LoRARequest, SchedulerStats
+from modelyard.engine.protocol import LLMClient, RequestOutput, Tokenizer
+from modelyard.engine.sampling_params import SamplingParams
+from modelyard.manager.base import Lease, ModelKind, ModelProvider, Predictor
+from modelyard.manager.catalog import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -65,3 +74,115 @@ class LoRARegistry:
 
     def __iter__(self) -> Any:
         return iter(list(self._adapters.values()))
+
+
+class AdapterProvider:
+    """The model provider, with every registered adapter as a model of its own (see the module
+    docstring); anything else goes to the wrapped provider."""
+
+    def __init__(self, provider: ModelProvider, registry: LoRARegistry) -> None:
+        self.provider = provider
+        self.registry = registry
+
+    @asynccontextmanager
+    async def lease(self, name: str) -> AsyncIterator[Lease]:
+        adapter = self.registry.get(name)
+        if adapter is None:
+            async with self.provider.lease(name) as lease:
+                yield lease
+            return
+        async with self.provider.lease(adapter.base) as lease:
+            yield AdapterLease(adapter, lease)
+
+    def spec(self, name: str) -> ModelSpec:
+        """An adapter's entry is its base's, under the adapter's name (ModelNotFoundError for
+        names neither knows)."""
+        adapter = self.registry.get(name)
+        if adapter is None:
+            return self.provider.spec(name)
+        base = self.provider.spec(adapter.base)
+        return dataclasses.replace(base, id=name, name=name, aliases=(), pin=False, preload=False)
+
+    def describe(self) -> dict[str, Any]:
+        return self.provider.describe()
+
+    async def close(self) -> None:
+        await self.provider.close()
+
+
+class AdapterLease:
+    """A lease of an adapter: the base model's lease, its engine running the adapter."""
+
+    def __init__(self, adapter: Adapter, base: Lease) -> None:
+        self.adapter = adapter
+        self.base = base
+
+    @property
+    def model_id(self) -> str:
+        return self.adapter.lora.name
+
+    @property
+    def kind(self) -> ModelKind:
+        return self.base.kind
+
+    @property
+    def llm(self) -> LLMClient:
+        return AdapterClient(self.base.llm, self.adapter.lora)
+
+    @property
+    def predictor(self) -> Predictor:
+        raise TypeError(f"{self.model_id} is a LoRA adapter of an LLM")
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {}
+
+
+class AdapterClient:
+    """An engine client whose requests all run with one adapter."""
+
+    def __init__(self, llm: LLMClient, lora: LoRARequest) -> None:
+        self.base = llm
+        self.lora = lora
+
+    @property
+    def model_name(self) -> str:
+        return self.lora.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.base.max_model_len
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.base.tokenizer
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self.base.apply_chat_template(messages)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        lora: LoRARequest | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        return self.base.generate(prompt, params, request_id, priority=priority, lora=self.lora)
+
+    async def abort(self, request_id: str) -> None:
+        await self.base.abort(request_id)
+
+    async def drop_loras(self, names: list[str]) -> None:
+        await self.base.drop_loras(names)
+
+    def stats(self) -> SchedulerStats:
+        return self.base.stats()
+
+    @property
+    def is_alive(self) -> bool:
+        return self.base.is_alive
+
+    async def shutdown(self) -> None:
+        """The base engine outlives its adapters: nothing to do."""

@@ -2,7 +2,7 @@
 assembled in one function, outermost first:
 
 1. RequestIdMiddleware: accept a sane `X-Request-ID` or make one; echo it on the response;
-2. gateway slot: auth (Principal into the scope) and rate limits (gateway/);
+2. gateway slot: authentication (Principal and the request's Ticket into the scope; gateway/);
 3. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes.
 """
 
@@ -18,30 +18,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.api.errors import APIError, error_body_for_path
 from modelyard.config import ModelyardConfig
+from modelyard.gateway.gateway import Gateway
+from modelyard.gateway.middleware import build_gateway_middleware
 from modelyard.observability.http import observability_middleware
 
 REQUEST_ID_SCOPE_KEY = "modelyard.request_id"
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def build_middleware_stack(config: ModelyardConfig) -> list[Middleware]:
+def build_middleware_stack(config: ModelyardConfig, gateway: Gateway) -> list[Middleware]:
     """The middleware list for FastAPI(middleware=...), outermost first."""
     stack = [Middleware(RequestIdMiddleware)]
     stack.extend(observability_middleware())  # access log + HTTP metrics (observability/)
-    # ---- GATEWAY SLOT: the gateway part (gateway/) inserts its pure-ASGI middleware here:
-    # ---- authentication (sets scope[PRINCIPAL_SCOPE_KEY]) then rate limiting.
-    stack.extend(gateway_middleware(config))
-    # ---- end of gateway slot
+    # gateway slot: authentication; quotas, routing and usage are the request path's
+    stack.extend(build_gateway_middleware(gateway.config, gateway=gateway))
     stack.append(Middleware(BodyLimitMiddleware, max_body_bytes=config.server.max_body_bytes))
     return stack
-
-
-def gateway_middleware(config: ModelyardConfig) -> list[Middleware]:
-    """Auth and rate-limit middleware from config.gateway (filled in by the gateway part)."""
-    from modelyard.gateway.config import GatewayConfig
-    from modelyard.gateway.middleware import build_gateway_middleware
-
-    return build_gateway_middleware(GatewayConfig.from_dict(config.gateway))
 
 
 class RequestIdMiddleware:

@@ -116,6 +116,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     lora_resident_bytes: int = 0  # their weights (loaded form + the packed slots)
     lora_loads: int = 0  # cumulative adapter loads from disk
     lora_load_seconds: float = 0.0  # cumulative time spent loading them
+    num_aborted: int = 0  # cumulative: live requests aborted (client gone, closed, timed out)
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs", kw_only=True):

@@ -98,6 +98,7 @@ class Scheduler:
         self.spec_policy = spec_policy or SpecDecodePolicy(None, self.max_model_len)
         method = self.spec_policy.config.method if self.spec_policy.config else ""
         self.spec_stats = SpecDecodeStats(method=method)
+        self.num_aborted = 0  # cumulative: live requests aborted (not those already finished)
         self._finished_ids: set[str] = set()  # to hand to the runner with the next batch
         self._preempted_ids: set[str] = set()  # likewise
         self._arrivals = itertools.count()
@@ -131,6 +132,7 @@ class Scheduler:
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is not None:
+                self.num_aborted += 1
                 self._finish(request, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
@@ -160,6 +162,7 @@ class Scheduler:
             spec_decode_num_draft_tokens=self.spec_stats.num_draft_tokens,
             spec_decode_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=list(self.spec_stats.accepted_per_pos),
+            num_aborted=self.num_aborted,
         )
 
     # ------------------------------------------------------------------ schedule

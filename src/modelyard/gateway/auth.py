@@ -8,6 +8,10 @@ starts with `my-` is an API key; anything else is verified as a JWT (when JWT is
 - JWT: the tenant comes from the configured claim and must be listed under `gateway.tenants`
   (otherwise 403 unknown tenant).
 
+Scopes: every principal holds `infer`; `admin` (model control, /admin/*, /metrics) comes from a
+key created with `--admin`, a tenant configured `admin: true`, or a JWT whose `scope_claim`
+(a space-separated string or a list) contains `admin_scope`.
+
 Errors are `GatewayError`s: 401 for missing/invalid credentials, 403 for an unknown tenant,
 503 when the key store or the JWKS cannot be reached (a server fault, not the caller's).
 """
@@ -20,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from modelyard.gateway.base import ANONYMOUS, Principal
-from modelyard.gateway.config import GatewayConfig, Quota, TenantConfig
+from modelyard.gateway.base import ALL_SCOPES, ANONYMOUS, Principal
+from modelyard.gateway.config import INFER_SCOPE, GatewayConfig, JwtConfig, Quota, TenantConfig
 from modelyard.gateway.errors import GatewayError, forbidden, unauthorized, unavailable
 from modelyard.gateway.jwt_auth import JwksUnavailable, JwtError, JwtVerifier
 from modelyard.gateway.keys import KEY_PREFIX, KeyRecord, KeyStore
@@ -47,6 +51,16 @@ def credentials_from_headers(headers: dict[bytes, bytes]) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return value.strip() or None
+
+
+_INFER_ONLY = frozenset({INFER_SCOPE})
+
+
+def _jwt_grants_admin(config: JwtConfig, claims: dict[str, object]) -> bool:
+    """Whether the token's scope claim (a space-separated string or a list) holds admin."""
+    value = claims.get(config.scope_claim)
+    scopes = value.split() if isinstance(value, str) else value
+    return isinstance(scopes, list) and config.admin_scope in scopes
 
 
 class KeyLookup:
@@ -123,9 +137,11 @@ class Authenticator:
             key_id=record.key_id,
             priority=record.priority if record.priority is not None else tenant.priority,
             allowed_models=models,
-            is_admin=record.admin or tenant.admin,
+            scopes=ALL_SCOPES if record.admin or tenant.admin else _INFER_ONLY,
         )
-        key_quota = Quota(rpm=record.rpm, tpm=record.tpm, max_concurrent=record.max_concurrent)
+        key_quota = Quota(
+            rpm=record.rpm, tpm=record.tpm, ipm=record.ipm, max_concurrent=record.max_concurrent
+        )
         return Identity(principal, self._tenant_quota(tenant).overridden_by(key_quota))
 
     async def _from_jwt(self, verifier: JwtVerifier, token: str) -> Identity:
@@ -146,7 +162,9 @@ class Authenticator:
             key_id=subject if isinstance(subject, str) else None,
             priority=tenant.priority,
             allowed_models=tenant.models,
-            is_admin=tenant.admin,
+            scopes=ALL_SCOPES
+            if tenant.admin or _jwt_grants_admin(verifier.config, claims)
+            else (_INFER_ONLY),
         )
         return Identity(principal, self._tenant_quota(tenant))
 

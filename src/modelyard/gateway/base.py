@@ -1,9 +1,9 @@
-"""Contracts between the gateway middleware and the route handlers.
+"""Contracts between the gateway and the route handlers.
 
-The auth middleware puts a `Principal` into the ASGI scope under PRINCIPAL_SCOPE_KEY (anonymous
-when auth is off). Route handlers fill the `RequestUsage` found under USAGE_SCOPE_KEY with the
-real token counts when a request ends; the rate-limit middleware charges tokens-per-minute with
-them after the response. Handlers resolve the model through a `ModelRouter` before leasing it.
+The auth middleware puts a `Principal` into the ASGI scope under PRINCIPAL_SCOPE_KEY (the
+anonymous one, which may do everything, when auth is off or the path is open). The request path
+(gateway/request_path.py) fills the `RequestUsage` found under USAGE_SCOPE_KEY (the access log
+reads it) and settles quotas with it. Handlers never resolve or lease a model themselves.
 """
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from modelyard.gateway.config import ADMIN_SCOPE, INFER_SCOPE
+
 PRINCIPAL_SCOPE_KEY = "modelyard.principal"
 USAGE_SCOPE_KEY = "modelyard.usage"
+
+ALL_SCOPES = frozenset({INFER_SCOPE, ADMIN_SCOPE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,23 +26,32 @@ class Principal:
     tenant: str  # tenant id; "anonymous" when auth is off
     key_id: str | None = None  # API key id (never the key) or JWT subject, for logs and metrics
     priority: int = 0  # scheduler priority class for this tenant's LLM requests (higher first)
-    allowed_models: frozenset[str] | None = None  # None: every model
-    is_admin: bool = False  # may call admin endpoints
+    allowed_models: frozenset[str] | None = None  # model ids or route names; None: every model
+    scopes: frozenset[str] = frozenset({INFER_SCOPE})  # infer; admin for model control
 
-    def may_use(self, model: str) -> bool:
-        return self.allowed_models is None or model in self.allowed_models
+    @property
+    def is_admin(self) -> bool:
+        return ADMIN_SCOPE in self.scopes
+
+    def may_use(self, *names: str) -> bool:
+        """Whether any of `names` (a requested name and what it resolves to) is allowed."""
+        if self.allowed_models is None:
+            return True
+        return any(name in self.allowed_models for name in names)
 
 
-ANONYMOUS = Principal(tenant="anonymous")
+ANONYMOUS = Principal(tenant="anonymous", scopes=ALL_SCOPES)  # auth off, or an open path
 
 
 @dataclass(slots=True)
 class RequestUsage:
-    """Filled by route handlers; read by the rate limiter and the access log after the response."""
+    """What one request used; filled by the request path, read by quotas and the access log."""
 
     model: str | None = None  # the model id that served the request
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int = 0  # generation: real prompt tokens
+    completion_tokens: int = 0  # generation: real completion tokens
+    items: int = 0  # other models: inputs served (a batch of 64 texts is 64)
+    input_bytes: int = 0  # request body bytes
     estimated_tokens: int = 0  # what the limiter pre-charged (prompt estimate + max_tokens)
 
 
@@ -49,11 +62,12 @@ class RouteDecision:
     requested: str  # the name the client sent (a model id, name or alias)
     targets: list[str] = field(default_factory=list)  # model ids: primary first, then fallbacks
     reason: str = "direct"  # direct | alias | canary | tenant-override | fallback
+    served: str | None = None  # the target that served (set by the request path); None: none
 
     @property
     def header(self) -> str:
-        """Value of the x-modelyard-route response header."""
-        return f"{self.requested}->{self.targets[0] if self.targets else '?'};{self.reason}"
+        """Value of the x-modelyard-route response header: `requested->served;policy`."""
+        return f"{self.requested}->{self.served or '-'};{self.reason}"
 
 
 class ModelRouter(Protocol):
@@ -61,6 +75,14 @@ class ModelRouter(Protocol):
 
     def report_failure(self, model_id: str) -> None:
         """A target was overloaded or failing; the router may rank it last for a while."""
+        ...
+
+    def resolve(self, name: str) -> str | None:
+        """The route a route name or alias belongs to (its public name); None: not a route."""
+        ...
+
+    def route_names(self) -> list[str]:
+        """The public names of the routes (for model listings)."""
         ...
 
 
@@ -72,3 +94,9 @@ class IdentityRouter:
 
     def report_failure(self, model_id: str) -> None:
         """Nothing to rank: the identity router has one target."""
+
+    def resolve(self, name: str) -> str | None:
+        return None
+
+    def route_names(self) -> list[str]:
+        return []

@@ -25,10 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--models", help="comma-separated allowed models (default: tenant's)")
     create.add_argument("--rpm", type=int, help="requests per minute")
-    create.add_argument("--tpm", type=int, help="tokens per minute")
+    create.add_argument("--tpm", type=int, help="tokens per minute (generation)")
+    create.add_argument("--ipm", type=int, help="inputs per minute (/predict, embeddings, v2)")
     create.add_argument("--max-concurrent", type=int, help="concurrent requests")
     create.add_argument("--priority", type=int, help="scheduler priority class")
-    create.add_argument("--admin", action="store_true", help="may call /admin endpoints")
+    create.add_argument(
+        "--admin",
+        action="store_true",
+        help="admin scope: repository load/unload, /admin/*, /metrics (besides inference)",
+    )
     create.add_argument("--json", action="store_true", help="print {key_id, key} as JSON")
     actions.add_parser("list", help="list keys (ids and settings, never the keys)")
     revoke = actions.add_parser("revoke", help="revoke a key by id")
@@ -46,7 +51,7 @@ def _store(args: argparse.Namespace) -> KeyStore:
 
 
 def _create(store: KeyStore, args: argparse.Namespace) -> int:
-    for name in ("rpm", "tpm", "max_concurrent"):
+    for name in ("rpm", "tpm", "ipm", "max_concurrent"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive")
@@ -56,6 +61,7 @@ def _create(store: KeyStore, args: argparse.Namespace) -> int:
         models=models,
         rpm=args.rpm,
         tpm=args.tpm,
+        ipm=args.ipm,
         max_concurrent=args.max_concurrent,
         priority=args.priority,
         admin=args.admin,
@@ -74,7 +80,10 @@ def _list(store: KeyStore) -> int:
     for r in store.list():
         state = "active" if r.active else "revoked"
         models = ",".join(r.models) if r.models is not None else "*"
-        limits = f"rpm={r.rpm} tpm={r.tpm} concurrent={r.max_concurrent} priority={r.priority}"
+        limits = (
+            f"rpm={r.rpm} tpm={r.tpm} ipm={r.ipm} concurrent={r.max_concurrent} "
+            f"priority={r.priority}"
+        )
         admin = " admin" if r.admin else ""
         print(f"{r.key_id}\t{r.tenant}\t{state}\tmodels={models}\t{limits}{admin}")
     return 0

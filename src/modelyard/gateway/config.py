@@ -16,39 +16,50 @@ StoreKind = Literal["memory", "redis"]
 KeyBackend = Literal["sqlite", "redis"]
 FailPolicy = Literal["open", "closed"]
 
+# Never authenticated nor limited. `/metrics` is not among them: with auth on it needs an admin
+# credential unless the operator lists it here (e.g. for a scraper on a private network).
 DEFAULT_OPEN_PATHS = (
     "/health",
     "/healthz",
     "/ready",
-    "/metrics",
     "/v2/health/live",
     "/v2/health/ready",
 )
+
+INFER_SCOPE = "infer"  # may run the models on its allow-list
+ADMIN_SCOPE = "admin"  # may also control models (repository load/unload), /admin/*, /metrics
 
 
 @dataclass(frozen=True, kw_only=True)
 class Quota:
     """Per-tenant limits; None means unlimited."""
 
-    rpm: int | None = None  # requests per minute (token bucket, burst = rpm)
-    tpm: int | None = None  # prompt + completion tokens per minute
-    max_concurrent: int | None = None  # requests in flight at once
+    rpm: int | None = None  # requests per minute (token bucket, burst = rpm), every route
+    tpm: int | None = None  # prompt + completion tokens per minute (generation routes)
+    ipm: int | None = None  # inputs per minute (/predict, /v1/embeddings, /v2 infer)
+    max_concurrent: int | None = None  # requests in flight at once, every route
 
     def __post_init__(self) -> None:
-        for name in ("rpm", "tpm", "max_concurrent"):
+        for name in ("rpm", "tpm", "ipm", "max_concurrent"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"quota {name} must be a positive integer, got {value!r}")
 
     @property
     def unlimited(self) -> bool:
-        return self.rpm is None and self.tpm is None and self.max_concurrent is None
+        return (
+            self.rpm is None
+            and self.tpm is None
+            and self.ipm is None
+            and (self.max_concurrent is None)
+        )
 
     def overridden_by(self, other: Quota) -> Quota:
         """`other`'s set fields win over this quota's."""
         return Quota(
             rpm=other.rpm if other.rpm is not None else self.rpm,
             tpm=other.tpm if other.tpm is not None else self.tpm,
+            ipm=other.ipm if other.ipm is not None else self.ipm,
             max_concurrent=(
                 other.max_concurrent if other.max_concurrent is not None else self.max_concurrent
             ),
@@ -63,7 +74,7 @@ class TenantConfig:
     models: frozenset[str] | None = None  # allowed model names; None: all
     priority: int = 0  # scheduler priority class (higher first)
     quota: Quota = field(default_factory=Quota)  # limits shared by all the tenant's callers
-    admin: bool = False  # may call /admin endpoints
+    admin: bool = False  # every caller of the tenant holds the admin scope
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +88,8 @@ class JwtConfig:
     algorithms: tuple[str, ...] = ("RS256", "ES256")  # accepted signature algorithms
     leeway_s: float = 30.0  # clock skew allowed on exp / nbf / iat
     tenant_claim: str = "tenant"  # claim holding the tenant id
+    scope_claim: str = "scope"  # claim holding scopes: a space-separated string or a list
+    admin_scope: str = ADMIN_SCOPE  # the value in scope_claim that grants the admin scope
     refresh_min_interval_s: float = 30.0  # at most one JWKS refresh per interval (unknown kid)
     cache_ttl_s: float = 3600.0  # refetch the JWKS after this age even without an unknown kid
 
@@ -134,7 +147,7 @@ class ModelRoute:
     aliases: tuple[str, ...] = ()  # other names that mean this route
     canary: tuple[tuple[str, float], ...] = ()  # (model id, share in [0, 1]) drawn per request
     fallbacks: tuple[str, ...] = ()  # tried in order when the chosen target fails
-    tenants: Mapping[str, str] = field(default_factory=dict)  # tenant -> model id (no canary)
+    tenants: Mapping[str, str] = field(default_factory=dict)  # tenant -> model id (no canary hit)
 
     def __post_init__(self) -> None:
         total = sum(share for _, share in self.canary)
@@ -166,7 +179,6 @@ class GatewayConfig:
     auth: AuthMode = "auto"  # auto: on when keys exist, JWT or tenants are configured
     allow_insecure_bind: bool = False  # permit a non-loopback bind with auth off (warns)
     open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS  # never authenticated nor limited
-    max_body_bytes: int = 1 << 20  # JSON bodies up to this size are read for the model name
     redis_url: str | None = None  # shared by the redis key store and the redis limit store
     redis_timeout_s: float = 0.25  # socket connect/read timeout: a dead Redis never hangs
     keys: KeyStoreConfig = field(default_factory=KeyStoreConfig)
@@ -178,8 +190,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.auth not in ("auto", "on", "off"):
             raise ValueError(f"gateway.auth must be auto, on or off, got {self.auth!r}")
-        if self.max_body_bytes <= 0 or self.redis_timeout_s <= 0:
-            raise ValueError("gateway: max_body_bytes and redis_timeout_s must be > 0")
+        if self.redis_timeout_s <= 0:
+            raise ValueError("gateway: redis_timeout_s must be > 0")
         uses_redis = self.rate_limit.store == "redis" or self.keys.backend == "redis"
         if uses_redis and not self.redis_url:
             raise ValueError("gateway.redis_url is required by a redis key or rate-limit store")

@@ -5,9 +5,11 @@ gateway:
   auth: auto                       # auto | on | off
   redis_url: redis://127.0.0.1:6379/0
   keys: {backend: sqlite, sqlite_path: /var/lib/modelyard/keys.db}
-  jwt: {jwks_file: jwks.json, audience: modelyard, issuer: https://idp, tenant_claim: org}
+  jwt: {jwks_file: jwks.json, audience: modelyard, issuer: https://idp, tenant_claim: org,
+        scope_claim: scope, admin_scope: admin}
   tenants:
-    acme: {models: [chat], priority: 1, rpm: 600, tpm: 100000, max_concurrent: 8, admin: false}
+    acme: {models: [chat], priority: 1, rpm: 600, tpm: 100000, ipm: 6000, max_concurrent: 8,
+           admin: false}
   rate_limit: {store: redis, on_store_error: closed, default: {rpm: 60}}
   routes:
     seed: 7
@@ -65,7 +67,10 @@ def _str_list(value: Any, where: str) -> tuple[str, ...]:
 def _quota(data: Mapping[str, Any], where: str) -> Quota:
     try:
         return Quota(
-            rpm=data.get("rpm"), tpm=data.get("tpm"), max_concurrent=data.get("max_concurrent")
+            rpm=data.get("rpm"),
+            tpm=data.get("tpm"),
+            ipm=data.get("ipm"),
+            max_concurrent=data.get("max_concurrent"),
         )
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
@@ -74,7 +79,7 @@ def _quota(data: Mapping[str, Any], where: str) -> Quota:
 def _tenant(name: str, raw: Any) -> TenantConfig:
     where = f"gateway.tenants.{name}"
     data = _mapping(raw, where)
-    _check_keys(data, {"models", "priority", "rpm", "tpm", "max_concurrent", "admin"}, where)
+    _check_keys(data, {"models", "priority", "rpm", "tpm", "ipm", "max_concurrent", "admin"}, where)
     models = data.get("models")
     priority = data.get("priority", 0)
     if not isinstance(priority, int):
@@ -133,7 +138,7 @@ def _rate_limit(raw: Any) -> RateLimitConfig:
     }
     _check_keys(data, allowed, where)
     default = _mapping(data.pop("default", None), f"{where}.default")
-    _check_keys(default, {"rpm", "tpm", "max_concurrent"}, f"{where}.default")
+    _check_keys(default, {"rpm", "tpm", "ipm", "max_concurrent"}, f"{where}.default")
     return RateLimitConfig(default_quota=_quota(default, f"{where}.default"), **data)
 
 
@@ -149,6 +154,8 @@ def _jwt(raw: Any) -> JwtConfig | None:
         "algorithms",
         "leeway_s",
         "tenant_claim",
+        "scope_claim",
+        "admin_scope",
         "refresh_min_interval_s",
         "cache_ttl_s",
     }
@@ -165,7 +172,6 @@ def load_gateway_config(data: Mapping[str, Any]) -> GatewayConfig:
         "auth",
         "allow_insecure_bind",
         "open_paths",
-        "max_body_bytes",
         "redis_url",
         "redis_timeout_s",
         "keys",

@@ -22,6 +22,7 @@ class GatewayError(Exception):
     code: str  # machine-readable code (OpenAI `code`)
     err_type: str  # OpenAI `type`
     headers: tuple[tuple[str, str], ...] = ()  # extra response headers (Retry-After, ...)
+    param: str | None = None  # the request field to blame (OpenAI `param`)
 
 
 def unauthorized(message: str) -> GatewayError:
@@ -30,8 +31,10 @@ def unauthorized(message: str) -> GatewayError:
     )
 
 
-def forbidden(message: str, code: str = "permission_denied") -> GatewayError:
-    return GatewayError(403, message, code, "permission_error")
+def forbidden(
+    message: str, code: str = "permission_denied", param: str | None = None
+) -> GatewayError:
+    return GatewayError(403, message, code, "permission_error", param=param)
 
 
 def unavailable(message: str) -> GatewayError:
@@ -45,7 +48,7 @@ def error_body(path: str, error: GatewayError) -> bytes:
         "error": {
             "message": error.message,
             "type": error.err_type,
-            "param": None,
+            "param": error.param,
             "code": error.code,
         }
     }

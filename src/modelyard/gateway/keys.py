@@ -3,14 +3,17 @@
 A key is `my-` + 32 random bytes (urlsafe base64), shown once at creation. A store never sees
 the key itself: it is indexed by `hash_key(key)` and every match is confirmed with a
 constant-time comparison. The stores are synchronous (the CLI uses them directly); the server
-calls them off the event loop (`auth.KeyLookup`).
+calls them off the event loop (`auth.KeyLookup`). The SQLite file is created readable by its
+owner only (mode 0600, in a 0700 folder when the folder is new).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import sqlite3
 import time
@@ -46,9 +49,10 @@ class KeyRecord:
     models: tuple[str, ...] | None = None  # allowed models; None: tenant's list
     rpm: int | None = None  # requests per minute
     tpm: int | None = None  # tokens per minute
+    ipm: int | None = None  # inputs per minute (non-LLM models)
     max_concurrent: int | None = None  # concurrent requests
     priority: int | None = None  # scheduler priority class
-    admin: bool = False  # may call /admin endpoints
+    admin: bool = False  # holds the admin scope (model control, /admin, /metrics)
     created_at: float = 0.0  # unix time
     revoked_at: float | None = None  # unix time of revocation; None: active
 
@@ -108,7 +112,11 @@ class SqliteKeyStore:
         self.path = Path(path).expanduser()
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # another process was first
+                # owner-only before the first byte is written
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         conn = sqlite3.connect(self.path, timeout=5.0)
         conn.execute(
             "CREATE TABLE IF NOT EXISTS api_keys (key_id TEXT PRIMARY KEY, "

@@ -1,15 +1,18 @@
-"""Per-tenant quotas: token buckets for rpm and tpm, a counter for concurrent requests.
+"""Per-tenant quotas: token buckets for rpm, tpm and ipm, a counter for concurrent requests.
 
 Algorithm (identical in the memory store and the Redis Lua script):
 - each limit L per minute is a bucket of capacity L refilled continuously at L/60 per second
   (a burst of L is allowed, then L per minute);
-- `acquire(tenant, quota, tokens)` checks, in this order, rpm (cost 1), tpm (cost = the token
-  estimate, capped at the tpm capacity so a huge request can still pass once the bucket is full)
-  and concurrency (in flight < max); only when all pass are all debited, atomically;
+- `acquire(tenant, quota, charge)` checks, in this order, rpm (cost 1), tpm (cost = the token
+  estimate of a generation, capped at the tpm capacity so a huge request can still pass once
+  the bucket is full), ipm (the request's inputs: it needs min(items, capacity) in the bucket
+  and debits all of them, so a batch larger than the quota passes only from a full bucket and
+  leaves it below zero) and concurrency (in flight < max); tpm and ipm only for a request that
+  charges them; only when all pass are all debited, atomically;
 - `settle(tenant, quota, token_delta, release_slot)` runs when the request ends: it refunds the
-  estimate minus the real count (a negative delta charges extra; the bucket may go below zero and
-  later requests wait) and frees the concurrency slot.
-Stores raise `StoreUnavailable` when their backend cannot answer; the middleware applies the
+  token estimate minus the real count (a negative delta charges extra; the bucket may go below
+  zero and later requests wait) and frees the concurrency slot. Inputs are exact: no refund.
+Stores raise `StoreUnavailable` when their backend cannot answer; the request path applies the
 configured fail-open / fail-closed policy.
 """
 
@@ -32,14 +35,23 @@ class Limit(IntEnum):
     RPM = 1
     TPM = 2
     CONCURRENCY = 3
+    IPM = 4
 
     @property
     def label(self) -> str:
-        return {1: "rpm", 2: "tpm", 3: "concurrency"}.get(self.value, "none")
+        return {1: "rpm", 2: "tpm", 3: "concurrency", 4: "ipm"}.get(self.value, "none")
 
 
 class StoreUnavailable(Exception):
     """The limit store could not answer (e.g. Redis down or too slow)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one request costs besides its request and its concurrency slot."""
+
+    tokens: int = 0  # generation: prompt estimate + max new tokens (tpm; settled later)
+    items: int = 0  # other models: inputs in the request (ipm; exact)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +61,17 @@ class LimitState:
     refused: Limit  # Limit.NONE when admitted
     rpm_tokens: float  # rpm bucket level after the call (0..rpm)
     tpm_tokens: float  # tpm bucket level after the call (may be < 0 after over-use)
+    ipm_tokens: float  # ipm bucket level after the call (may be < 0 after a large batch)
     in_flight: int  # concurrent requests after the call
 
 
 @dataclass(frozen=True, slots=True)
 class LimitDecision:
-    """What the middleware needs to answer or annotate a request."""
+    """What the request path needs to answer or annotate a request."""
 
     allowed: bool  # admitted
     refused: Limit  # which limit refused it (NONE when admitted)
-    limit: int  # the reported limit (the refusing one, else rpm, else tpm)
+    limit: int  # the reported limit (the refusing one, else rpm, else tpm / ipm)
     remaining: int  # what is left of it
     reset_s: float  # seconds until that bucket is full again
     retry_after_s: float  # seconds until a retry can pass (0 when admitted)
@@ -79,19 +92,35 @@ def token_cost(quota: Quota, estimate: int) -> int:
     return min(max(0, estimate), quota.tpm) if quota.tpm else 0
 
 
-def decide(quota: Quota, cost: int, state: LimitState) -> LimitDecision:
+def item_need(quota: Quota, items: int) -> int:
+    """What the ipm bucket must hold to admit `items` (the debit is all of them)."""
+    return min(max(0, items), quota.ipm) if quota.ipm else 0
+
+
+def decide(quota: Quota, charge: Charge, state: LimitState) -> LimitDecision:
     """Turn raw bucket levels into the headers' numbers."""
     refused = state.refused
     if refused == Limit.CONCURRENCY:
         limit = quota.max_concurrent or 0
         return LimitDecision(False, refused, limit, 0, 1.0, 1.0)
-    use_tpm = refused == Limit.TPM or (refused == Limit.NONE and not quota.rpm and quota.tpm)
-    if use_tpm and quota.tpm:
-        capacity, level, need = quota.tpm, state.tpm_tokens, cost
+    buckets = {
+        Limit.RPM: (quota.rpm, state.rpm_tokens, 1),
+        Limit.TPM: (quota.tpm, state.tpm_tokens, token_cost(quota, charge.tokens)),
+        Limit.IPM: (quota.ipm, state.ipm_tokens, item_need(quota, charge.items)),
+    }
+    if refused != Limit.NONE:
+        shown = refused
     elif quota.rpm:
-        capacity, level, need = quota.rpm, state.rpm_tokens, 1
+        shown = Limit.RPM
+    elif quota.tpm and charge.tokens:
+        shown = Limit.TPM
+    elif quota.ipm and charge.items:
+        shown = Limit.IPM
     else:
         return LimitDecision(True, refused, 0, 0, 0.0, 0.0)
+    capacity, level, need = buckets[shown]
+    if not capacity:  # a refusal by a limit that is not set cannot happen
+        return LimitDecision(refused == Limit.NONE, refused, 0, 0, 0.0, 0.0)
     rate = capacity / 60.0
     retry = max(0.0, (need - level) / rate) if refused != Limit.NONE else 0.0
     return LimitDecision(
@@ -105,7 +134,7 @@ def decide(quota: Quota, cost: int, state: LimitState) -> LimitDecision:
 
 
 class RateLimitStore(Protocol):
-    async def acquire(self, tenant: str, quota: Quota, estimate: int) -> LimitDecision:
+    async def acquire(self, tenant: str, quota: Quota, charge: Charge) -> LimitDecision:
         """Admit or refuse one request; raises StoreUnavailable."""
         ...
 
@@ -130,7 +159,9 @@ class MemoryStore:
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._in_flight: dict[str, int] = {}
 
-    def _level(self, key: tuple[str, str], capacity: int, now: float) -> float:
+    def _level(self, key: tuple[str, str], capacity: int | None, now: float) -> float:
+        if not capacity:
+            return 0.0
         bucket = self._buckets.get(key)
         if bucket is None:
             return float(capacity)
@@ -139,17 +170,20 @@ class MemoryStore:
     def _store(self, key: tuple[str, str], tokens: float, now: float) -> None:
         self._buckets[key] = _Bucket(tokens, now)
 
-    async def acquire(self, tenant: str, quota: Quota, estimate: int) -> LimitDecision:
+    async def acquire(self, tenant: str, quota: Quota, charge: Charge) -> LimitDecision:
         now = self._clock()
-        cost = token_cost(quota, estimate)
-        rpm = self._level((tenant, "rpm"), quota.rpm, now) if quota.rpm else 0.0
-        tpm = self._level((tenant, "tpm"), quota.tpm, now) if quota.tpm else 0.0
+        cost, need = token_cost(quota, charge.tokens), item_need(quota, charge.items)
+        rpm = self._level((tenant, "rpm"), quota.rpm, now)
+        tpm = self._level((tenant, "tpm"), quota.tpm, now)
+        ipm = self._level((tenant, "ipm"), quota.ipm, now)
         in_flight = self._in_flight.get(tenant, 0)
         refused = Limit.NONE
         if quota.rpm and rpm < 1:
             refused = Limit.RPM
-        elif quota.tpm and tpm < cost:
+        elif quota.tpm and charge.tokens > 0 and tpm < cost:
             refused = Limit.TPM
+        elif quota.ipm and charge.items > 0 and ipm < need:
+            refused = Limit.IPM
         elif quota.max_concurrent and in_flight >= quota.max_concurrent:
             refused = Limit.CONCURRENCY
         if refused == Limit.NONE:
@@ -159,10 +193,13 @@ class MemoryStore:
             if quota.tpm:
                 tpm -= cost
                 self._store((tenant, "tpm"), tpm, now)
+            if quota.ipm:
+                ipm -= max(0, charge.items)
+                self._store((tenant, "ipm"), ipm, now)
             if quota.max_concurrent:
                 in_flight += 1
                 self._in_flight[tenant] = in_flight
-        return decide(quota, cost, LimitState(refused, rpm, tpm, in_flight))
+        return decide(quota, charge, LimitState(refused, rpm, tpm, ipm, in_flight))
 
     async def settle(self, tenant: str, quota: Quota, token_delta: int, release: bool) -> None:
         now = self._clock()

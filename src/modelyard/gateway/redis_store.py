@@ -1,7 +1,7 @@
 """The Redis limit store: the `ratelimit` algorithm as two Lua scripts; N replicas, one limit.
 
 Each script runs atomically inside Redis and takes the time from Redis (`TIME`), so replica
-clocks do not matter. Keys: `<prefix>{tenant}:rpm|tpm|conc` (the braces keep a tenant's keys in
+clocks do not matter. Keys: `<prefix>{tenant}:rpm|tpm|ipm|conc` (the braces keep a tenant's keys in
 one Redis Cluster slot). Bucket hashes expire once they would be full again; the concurrency
 counter expires `concurrency_ttl_s` after its last admit, so slots held by a crashed replica
 come back. Socket timeouts are short and there are no client retries: a dead Redis costs at
@@ -20,11 +20,13 @@ from redis.exceptions import RedisError
 
 from modelyard.gateway.config import Quota
 from modelyard.gateway.ratelimit import (
+    Charge,
     Limit,
     LimitDecision,
     LimitState,
     StoreUnavailable,
     decide,
+    item_need,
     token_cost,
 )
 
@@ -43,29 +45,34 @@ local function store(key, cap, tokens)
 end
 """
 
-# KEYS: rpm, tpm, conc. ARGV: rpm cap, tpm cap, tpm cost, max concurrent, conc ttl ms (0 = off)
+# KEYS: rpm, tpm, ipm, conc.
+# ARGV: rpm cap, tpm cap, tpm cost, ipm cap, ipm need, ipm debit, max concurrent, conc ttl ms
 ACQUIRE_LUA = (
     _COMMON
     + """
 local rcap, tcap = tonumber(ARGV[1]), tonumber(ARGV[2])
-local cost, cmax = tonumber(ARGV[3]), tonumber(ARGV[4])
-local r, tk = 0, 0
+local cost, icap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ineed, idebit, cmax = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local r, tk, it = 0, 0, 0
 if rcap > 0 then r = level(KEYS[1], rcap) end
 if tcap > 0 then tk = level(KEYS[2], tcap) end
-local c = tonumber(redis.call('GET', KEYS[3]) or '0')
+if icap > 0 then it = level(KEYS[3], icap) end
+local c = tonumber(redis.call('GET', KEYS[4]) or '0')
 local refused = 0
 if rcap > 0 and r < 1 then refused = 1
-elseif tcap > 0 and tk < cost then refused = 2
+elseif tcap > 0 and cost > 0 and tk < cost then refused = 2
+elseif icap > 0 and idebit > 0 and it < ineed then refused = 4
 elseif cmax > 0 and c >= cmax then refused = 3 end
 if refused == 0 then
   if rcap > 0 then r = r - 1; store(KEYS[1], rcap, r) end
   if tcap > 0 then tk = tk - cost; store(KEYS[2], tcap, tk) end
+  if icap > 0 then it = it - idebit; store(KEYS[3], icap, it) end
   if cmax > 0 then
-    c = redis.call('INCR', KEYS[3])
-    redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]))
+    c = redis.call('INCR', KEYS[4])
+    redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]))
   end
 end
-return {refused, string.format('%.6f', r), string.format('%.6f', tk), c}
+return {refused, string.format('%.6f', r), string.format('%.6f', tk), string.format('%.6f', it), c}
 """
 )
 
@@ -127,15 +134,15 @@ class RedisStore:
         except REDIS_ERRORS as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
-    async def acquire(self, tenant: str, quota: Quota, estimate: int) -> LimitDecision:
-        cost = token_cost(quota, estimate)
-        args = [quota.rpm or 0, quota.tpm or 0, cost, quota.max_concurrent or 0]
-        args.append(self.concurrency_ttl_ms)
-        raw = await self._run(
-            self._acquire(keys=self._keys(tenant, "rpm", "tpm", "conc"), args=args)
-        )
-        state = LimitState(Limit(int(raw[0])), float(raw[1]), float(raw[2]), int(raw[3]))
-        return decide(quota, cost, state)
+    async def acquire(self, tenant: str, quota: Quota, charge: Charge) -> LimitDecision:
+        args = [quota.rpm or 0, quota.tpm or 0, token_cost(quota, charge.tokens)]
+        args += [quota.ipm or 0, item_need(quota, charge.items), max(0, charge.items)]
+        args += [quota.max_concurrent or 0, self.concurrency_ttl_ms]
+        keys = self._keys(tenant, "rpm", "tpm", "ipm", "conc")
+        raw = await self._run(self._acquire(keys=keys, args=args))
+        levels = (float(raw[1]), float(raw[2]), float(raw[3]))
+        state = LimitState(Limit(int(raw[0])), *levels, int(raw[4]))
+        return decide(quota, charge, state)
 
     async def settle(self, tenant: str, quota: Quota, token_delta: int, release: bool) -> None:
         release = release and bool(quota.max_concurrent)

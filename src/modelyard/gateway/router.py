@@ -3,17 +3,19 @@
 Decision order for `route(requested, principal)`:
 1. name lookup: a route's name or one of its aliases (reason `alias` for an alias); a name no
    route knows goes through unchanged (reason `direct`);
-2. tenant override: when the route maps the caller's tenant to a model, that model is primary
-   (reason `tenant-override`) and there is no canary draw for this request;
-3. weighted canary: one draw from the router's RNG (seedable); a canary target chosen with its
-   share of probability is primary (reason `canary`), else the stable target;
+2. weighted canary: one draw from the router's RNG (seedable) for every request of a route with
+   a canary, whoever sends it, so the canary's share is a sample of all the route's traffic; a
+   canary target drawn with its share of probability is primary (reason `canary`);
+3. tenant override: when no canary was drawn and the route maps the caller's tenant to a model,
+   that model is primary (reason `tenant-override`); else the stable target;
 4. the target list: primary, then the stable target (when primary differs), then the fallbacks;
 5. health: targets reported failing within `failure_cooldown_s` move to the end of the list;
    if that changes the primary the reason becomes `fallback`.
 Metrics: ROUTE_DECISIONS{requested, target, reason}; names outside the table count as
 requested="*", target="*" (clients choose them: no unbounded label sets).
-Handlers lease `targets[0]` and fall back in order, calling `report_failure(model_id)` when a
-target is overloaded or failing so that the next decisions skip it for a while.
+The request path (gateway/request_path.py) leases `targets[0]` and falls back in order, calling
+`report_failure(model_id)` when a target is overloaded or failing so that the next decisions
+skip it for a while.
 """
 
 from __future__ import annotations
@@ -56,16 +58,30 @@ class WeightedRouter:
     def report_success(self, model_id: str) -> None:
         self._failed_until.pop(model_id, None)
 
+    def resolve(self, name: str) -> str | None:
+        found = self._by_name.get(name)
+        return found[0].name if found is not None else None
+
+    def route_names(self) -> list[str]:
+        return [route.name for route in self.config.models]
+
+    def _draw_canary(self, route: ModelRoute) -> str | None:
+        if not route.canary:
+            return None
+        draw = self._rng.random()
+        for model, share in route.canary:
+            if draw < share:
+                return model
+            draw -= share
+        return None
+
     def _pick(self, route: ModelRoute, tenant: str) -> tuple[str, str | None]:
+        canary = self._draw_canary(route)  # drawn first, for every caller
+        if canary is not None:
+            return canary, "canary"
         override = route.tenants.get(tenant)
         if override is not None:
             return override, "tenant-override"
-        if route.canary:
-            draw = self._rng.random()
-            for model, share in route.canary:
-                if draw < share:
-                    return model, "canary"
-                draw -= share
         return route.target, None
 
     def _healthy_first(self, targets: list[str]) -> list[str]:

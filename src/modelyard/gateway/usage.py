@@ -1,8 +1,10 @@
-"""Per-tenant usage of this process: requests, tokens and rejections, for `/admin/usage`.
+"""Per-tenant usage of this process, for `/admin/usage`: requests, rejections, and per serving
+model the requests, tokens (generation), inputs and bytes (other models).
 
-The same events go to the Prometheus counters (TENANT_REQUESTS, RATE_LIMIT_REJECTIONS); the
-tracker keeps totals in memory so the admin endpoint can answer without a Prometheus server.
-Counts are per process (each replica reports its own).
+The same events go to the Prometheus counters (TENANT_REQUESTS, RATE_LIMIT_REJECTIONS,
+TENANT_MODEL_REQUESTS, TENANT_ITEMS, TENANT_INPUT_BYTES); the tracker keeps totals in memory so
+the admin endpoint can answer without a Prometheus server. Counts are per process (each replica
+reports its own).
 """
 
 from __future__ import annotations
@@ -11,17 +13,37 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from modelyard.observability.metrics import RATE_LIMIT_REJECTIONS, TENANT_REQUESTS
+from modelyard.gateway.base import RequestUsage
+from modelyard.observability.metrics import (
+    RATE_LIMIT_REJECTIONS,
+    TENANT_INPUT_BYTES,
+    TENANT_ITEMS,
+    TENANT_MODEL_REQUESTS,
+    TENANT_REQUESTS,
+)
+
+
+@dataclass(slots=True)
+class ModelUsage:
+    """One tenant's use of one serving model."""
+
+    requests: int = 0  # requests the model served
+    prompt_tokens: int = 0  # generation
+    completion_tokens: int = 0  # generation
+    items: int = 0  # other models: inputs served
+    input_bytes: int = 0  # request body bytes
+    policies: dict[str, int] = field(default_factory=dict)  # requests by routing policy
 
 
 @dataclass(slots=True)
 class TenantUsage:
     """Totals for one tenant since the process started."""
 
-    requests: int = 0  # requests admitted past authentication
-    prompt_tokens: int = 0  # real prompt tokens reported by handlers
-    completion_tokens: int = 0  # real completion tokens reported by handlers
+    requests: int = 0  # requests admitted past authentication and quotas
+    prompt_tokens: int = 0  # real prompt tokens, all models
+    completion_tokens: int = 0  # real completion tokens, all models
     rejections: dict[str, int] = field(default_factory=dict)  # by limit: rpm, tpm, model, ...
+    models: dict[str, ModelUsage] = field(default_factory=dict)  # by the model that served
 
 
 class UsageTracker:
@@ -45,10 +67,26 @@ class UsageTracker:
             counter = self._request_counters[tenant] = TENANT_REQUESTS.labels(tenant)
         counter.inc()
 
-    def record_tokens(self, tenant: str, prompt: int, completion: int) -> None:
-        usage = self._get(tenant)
-        usage.prompt_tokens += max(0, prompt)
-        usage.completion_tokens += max(0, completion)
+    def record_served(self, tenant: str, policy: str, usage: RequestUsage) -> None:
+        """A request that a model served: per-model totals and the tenant/model counters."""
+        if usage.model is None:
+            return
+        totals = self._get(tenant)
+        totals.prompt_tokens += max(0, usage.prompt_tokens)
+        totals.completion_tokens += max(0, usage.completion_tokens)
+        model = totals.models.get(usage.model)
+        if model is None:
+            model = totals.models[usage.model] = ModelUsage()
+        model.requests += 1
+        model.prompt_tokens += max(0, usage.prompt_tokens)
+        model.completion_tokens += max(0, usage.completion_tokens)
+        model.items += usage.items
+        model.input_bytes += usage.input_bytes
+        model.policies[policy] = model.policies.get(policy, 0) + 1
+        TENANT_MODEL_REQUESTS.labels(tenant, usage.model, policy).inc()
+        if usage.items:
+            TENANT_ITEMS.labels(tenant, usage.model).inc(usage.items)
+        TENANT_INPUT_BYTES.labels(tenant, usage.model).inc(usage.input_bytes)
 
     def record_rejection(self, tenant: str, limit: str) -> None:
         rejections = self._get(tenant).rejections

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import enum
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from modelyard.engine.protocol import LLMClient
+
+if TYPE_CHECKING:
+    from modelyard.manager.catalog import ModelSpec
 
 
 class ModelKind(enum.StrEnum):
@@ -72,11 +75,20 @@ class Lease(Protocol):
         """The batcher client; raises TypeError for LLM kinds."""
         ...
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """KServe-style tensor metadata `{"inputs": [...], "outputs": [...]}` ({} for LLMs)."""
+        ...
+
 
 class ModelProvider(Protocol):
     def lease(self, name: str) -> AbstractAsyncContextManager[Lease]:
         """Resolve name (id, name or alias), load if needed, and hold the model while in use.
         Raises ModelNotFoundError, ModelLoadError or ModelUnavailableError on entry."""
+        ...
+
+    def spec(self, name: str) -> ModelSpec:
+        """The catalog entry a name (id, name or alias) means; ModelNotFoundError if none."""
         ...
 
     def describe(self) -> dict[str, Any]:

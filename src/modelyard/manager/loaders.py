@@ -55,6 +55,8 @@ class ModelLoader(Protocol):
 def _source_bytes(source: str) -> int:
     if source in _PACKAGED_SIZES:
         return _PACKAGED_SIZES[source]
+    if not source:
+        return 0  # no weights (a backend that builds its model); never the working directory
     try:
         path = resolve_source(source)
     except (FileNotFoundError, ValueError):

@@ -198,7 +198,9 @@ class Manager:
     async def _load(self, entry: Entry) -> None:
         spec = entry.spec
         try:
-            estimate = estimate_bytes(spec)
+            estimate = await asyncio.to_thread(
+                estimate_bytes, spec
+            )  # walks the source: off the loop
             await self._reserve(entry, estimate)
             await self._load_reserved(entry, estimate)
         finally:

@@ -183,3 +183,16 @@ ROUTE_DECISIONS = Counter(
     P + "route_decisions", "Routing decisions.", ["requested", "target", "reason"]
 )
 TENANT_REQUESTS = Counter(P + "tenant_requests", "Requests per tenant.", ["tenant"])
+TENANT_MODEL_REQUESTS = Counter(
+    P + "tenant_model_requests",
+    "Requests served per tenant, serving model and routing policy.",
+    ["tenant", "model", "policy"],
+)
+TENANT_ITEMS = Counter(
+    P + "tenant_items", "Inputs served to non-LLM models per tenant.", ["tenant", "model"]
+)
+TENANT_INPUT_BYTES = Counter(
+    P + "tenant_input_bytes",
+    "Request body bytes of served requests per tenant.",
+    ["tenant", "model"],
+)

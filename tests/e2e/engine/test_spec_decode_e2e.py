@@ -27,7 +27,7 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    running = start_server(tmp_path_factory.mktemp("spec-e2e"), catalog_text=SPEC_CATALOG)
+    running = start_server(tmp_path_factory.mktemp("spec-e2e"), catalog_yaml=SPEC_CATALOG)
     try:
         yield running
     finally:

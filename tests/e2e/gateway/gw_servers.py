@@ -45,7 +45,8 @@ def gateway_yaml(redis_url: str, db: Path, jwks: Path) -> dict[str, object]:
 
 def start_server(config_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "GW_TEST_CONFIG": str(config_path), "PYTHONPATH": str(UNIT_DIR)}
+    path = os.pathsep.join(p for p in (str(UNIT_DIR), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "GW_TEST_CONFIG": str(config_path), "PYTHONPATH": path}
     command = [sys.executable, "-m", "uvicorn", "--factory", "gw_helpers:app_from_env"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(command, env=env, cwd=str(UNIT_DIR))

@@ -23,7 +23,7 @@ def tensor(values: list[float]) -> dict[str, Any]:
 
 
 def loaded(url: str) -> set[str]:
-    return {m["id"] for m in httpx.get(f"{url}/models").json()["loaded_models"]}
+    return set(httpx.get(f"{url}/models").json()["loaded_models"])
 
 
 def reset(url: str) -> None:
@@ -53,9 +53,29 @@ def test_textbook_lru_scenario_and_pin(server_url: str) -> None:
         assert answer.json()["predictions"][0]["y"]["data"] == [SCALES[name] + 1.0]
     assert loaded(server_url) == {"pinned", "a", "c"}  # b was the least recently used
     described = httpx.get(f"{server_url}/models").json()
-    assert {m["id"] for m in described["available_models"]} >= {"a", "b", "c", "d", "pinned"}
-    pinned = next(m for m in described["loaded_models"] if m["id"] == "pinned")
-    assert pinned["loads"] == 1  # loaded at start, never evicted
+    # the textbook's shape: objects keyed by model id
+    assert set(described["available_models"]) >= {"a", "b", "c", "d", "pinned"}
+    assert described["available_models"]["a"]["framework"] == "onnx"
+    assert described["loaded_models"]["pinned"] == described["available_models"]["pinned"]["name"]
+    pinned = next(m for m in described["models"] if m["id"] == "pinned")
+    assert pinned["loads"] == 1  # loaded at start, never evicted (auth off: all details)
+
+
+def test_predict_takes_the_textbooks_named_tensors(server_url: str) -> None:
+    values = [1.0, -2.0, 0.5]
+    textbook = {"x": {"shape": [3], "data": values, "dtype": "float32"}}
+    answer = predict(server_url, "a", textbook)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["predictions"][0]["y"]["data"] == [SCALES["a"] * v + 1 for v in values]
+    for bad, says in (
+        ({"data_0": {"shape": [3], "data": values, "dtype": "float32"}}, "exactly ['x']"),
+        ({"x": {"shape": [3, 1], "data": values, "dtype": "float32"}}, "shape [3, 1]"),
+        ({"x": {"shape": [4], "data": values, "dtype": "float32"}}, "x: data does not match"),
+        ({"x": {"shape": [3], "data": values, "dtype": "int64"}}, "takes FP32, got INT64"),
+    ):
+        refused = predict(server_url, "a", bad)
+        assert refused.status_code == 400, refused.text
+        assert says in refused.json()["error"]["message"]
 
 
 def test_single_flight_twenty_concurrent_cold_requests(server_url: str) -> None:

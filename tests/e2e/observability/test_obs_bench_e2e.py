@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,11 @@ def test_request_id_echoed_and_errors_counted(server: ServerProcess, tmp_path: P
     r = httpx.get(server.url + "/health", headers={"X-Request-ID": "e2e-obs-1"}, timeout=10)
     assert r.headers["x-request-id"] == "e2e-obs-1"
     # the server's stderr is a file, so every log line is JSON, uvicorn's own included, and
-    # each request is logged once (no uvicorn access line beside modelyard's)
+    # each request is logged once (no uvicorn access line beside modelyard's). The access line
+    # is written once the response has gone out, so wait for it (briefly) on a busy machine.
+    deadline = time.monotonic() + 10
+    while '"e2e-obs-1"' not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
     text = [x for x in server.log().splitlines() if x.strip()]
     lines = [json.loads(x) for x in text if x.startswith("{")]
     assert not any("GET /health" in x for x in text if not x.startswith("{")), text[-20:]

@@ -100,15 +100,22 @@ async def test_seeded_n_is_reproducible(llm: AsyncLLM) -> None:
 
 async def test_abort_on_close_frees_blocks(llm: AsyncLLM) -> None:
     await wait_until(lambda: llm.stats().num_running == 0, 2.0)
-    baseline = llm.stats().num_free_blocks
-    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-    stream = llm.generate(" ".join(PROMPTS * 3), params, "abort-me")
+    before = llm.stats()
+    prompt = llm.tokenizer.encode(" ".join(PROMPTS * 3))
+    # the whole context, EOS ignored: it cannot finish before the abort, 3 steps in
+    params = SamplingParams(
+        temperature=0.0, max_tokens=llm.max_model_len - len(prompt), ignore_eos=True
+    )
+    stream = llm.generate(prompt, params, "abort-me")
+    outputs = []
     async for out in stream:  # type: ignore[attr-defined]
+        outputs.append(out)
         if out.num_generated_tokens >= 3:
             break
-    assert llm.stats().num_free_blocks < baseline or llm.stats().num_running > 0
     await stream.aclose()  # type: ignore[attr-defined]
-    await wait_until(lambda: llm.stats().num_free_blocks == baseline, 2.0)
+    await wait_until(lambda: llm.stats().num_aborted == before.num_aborted + 1, 2.0)
+    await wait_until(lambda: llm.stats().num_free_blocks == llm.ready.num_blocks, 2.0)
+    assert not any(out.finished for out in outputs)  # no finish reason reached the caller
     assert llm.stats().num_running == 0
 
 

@@ -16,7 +16,7 @@ from gw_redis import RedisServer
 from modelyard.gateway.config import GatewayConfig, Quota
 from modelyard.gateway.gateway import Gateway, build_gateway
 from modelyard.gateway.keys import RedisKeyStore, new_record
-from modelyard.gateway.ratelimit import Limit, MemoryStore, StoreUnavailable
+from modelyard.gateway.ratelimit import Charge, Limit, MemoryStore, StoreUnavailable
 from modelyard.gateway.redis_store import RedisStore, make_client
 from modelyard.observability.metrics import RATE_LIMIT_STORE_ERRORS
 
@@ -39,7 +39,7 @@ def _tenant() -> str:
 
 async def test_rpm_exact_across_two_clients(stores: tuple[RedisStore, RedisStore]) -> None:
     tenant, quota = _tenant(), Quota(rpm=7)
-    results = [await stores[i % 2].acquire(tenant, quota, 0) for i in range(12)]
+    results = [await stores[i % 2].acquire(tenant, quota, Charge()) for i in range(12)]
     assert [r.allowed for r in results] == [True] * 7 + [False] * 5
     assert [r.remaining for r in results[:7]] == [6, 5, 4, 3, 2, 1, 0]
     assert results[-1].refused == Limit.RPM
@@ -48,7 +48,7 @@ async def test_rpm_exact_across_two_clients(stores: tuple[RedisStore, RedisStore
 
 async def test_concurrent_acquires_are_atomic(stores: tuple[RedisStore, RedisStore]) -> None:
     tenant, quota = _tenant(), Quota(rpm=25)
-    calls = [stores[i % 2].acquire(tenant, quota, 0) for i in range(60)]
+    calls = [stores[i % 2].acquire(tenant, quota, Charge()) for i in range(60)]
     results = await asyncio.gather(*calls)
     assert sum(r.allowed for r in results) == 25
 
@@ -57,14 +57,17 @@ async def test_tpm_and_concurrency_match_memory_store(
     stores: tuple[RedisStore, RedisStore],
 ) -> None:
     """Same operations on the Redis store and the reference memory store give the same answers."""
-    tenant, quota = _tenant(), Quota(tpm=100, max_concurrent=2)
+    tenant, quota = _tenant(), Quota(tpm=100, ipm=10, max_concurrent=2)
     memory = MemoryStore()
     script = [("acquire", 60), ("acquire", 60), ("settle", 45), ("acquire", 60), ("acquire", 1)]
     script += [("settle", -30), ("release", 0), ("acquire", 5), ("acquire", 5)]
+    script += [("release", 0), ("release", 0), ("items", 4), ("items", 25), ("items", 1)]
+    script += [("acquire", 1)]  # tokens only: an ipm bucket in debt does not refuse it
     for op, amount in script:
-        if op == "acquire":
-            got = await stores[0].acquire(tenant, quota, amount)
-            want = await memory.acquire(tenant, quota, amount)
+        if op in ("acquire", "items"):
+            charge = Charge(tokens=amount) if op == "acquire" else Charge(items=amount)
+            got = await stores[0].acquire(tenant, quota, charge)
+            want = await memory.acquire(tenant, quota, charge)
             assert (got.allowed, got.refused) == (want.allowed, want.refused), (op, amount)
             assert abs(got.remaining - want.remaining) <= 1
         else:
@@ -127,7 +130,7 @@ async def test_redis_stopped_mid_test(private_redis: RedisServer, policy: str, s
         else:
             assert "x-ratelimit-limit" not in response.headers
         with pytest.raises(StoreUnavailable):
-            await gateway.limits.acquire("t", Quota(rpm=1), 0)
+            await gateway.limits.acquire("t", Quota(rpm=1), Charge())
     finally:
         await client.aclose()
         await gateway.close()

@@ -20,6 +20,7 @@ from modelyard.engine.protocol import (
 )
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.manager.base import ModelKind, ModelNotFoundError
+from modelyard.manager.catalog import ModelSpec
 
 
 class CharTokenizer:
@@ -201,6 +202,10 @@ class FakeLease:
     def predictor(self) -> Any:
         raise TypeError("LLM")
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {}
+
 
 class FakeProvider:
     def __init__(self, models: dict[str, FakeLLM], unavailable: set[str] | None = None) -> None:
@@ -224,6 +229,14 @@ class FakeProvider:
             yield FakeLease(name, self.models[name])
         finally:
             self.active -= 1
+
+    def spec(self, name: str) -> ModelSpec:
+        if name not in self.models:
+            raise ModelNotFoundError(f"model {name!r} not found")
+        return ModelSpec(id=name, kind=ModelKind.CHAT, backend="llm")
+
+    def engine_stats(self) -> dict[str, SchedulerStats]:
+        return {name: llm.stats() for name, llm in self.models.items()}
 
     def describe(self) -> dict[str, Any]:
         return {"available_models": [{"id": k} for k in self.models], "loaded_models": []}

@@ -1,33 +1,48 @@
 """Shared helpers of the gateway tests: an RSA key + JWKS made on the spot, token minting, and a
-small FastAPI app built with the gateway middleware and a fake model handler.
+small FastAPI app with the real gateway (middleware, request path, admin routes, error
+handlers) in front of fake model routes over a fake provider.
 
-The fake handler behaves like the real ones per the gateway contracts: it reads the Principal,
-routes through `app.state.router`, leases targets in order (models in `app.state.down` fail,
-reported to the router), sets `x-modelyard-route`, and fills the RequestUsage with token counts
-taken from the body (`x_prompt_tokens`, default 10; `x_completion_tokens`, default
-min(max_tokens, 5)).
+The fake routes run no model but go through the request path exactly as the real ones do
+(`@runs_model`, `Demand`, `RequestPath.open_llm` / `predict`): the path authorizes, routes,
+admits, leases targets in order (models in `app.state.down` fail to load and are reported to
+the router) and records usage. The chat route reports token counts taken from the body
+(`x_prompt_tokens`, default 10; `x_completion_tokens`, default min(max_tokens, 5)) and answers
+what it saw: served model, tenant, priority, key id, targets, estimated tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import jwt
 import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from modelyard.api.errors import install_exception_handlers
 from modelyard.gateway.admin import router as admin_router
 from modelyard.gateway.base import PRINCIPAL_SCOPE_KEY, USAGE_SCOPE_KEY, Principal, RequestUsage
 from modelyard.gateway.config import GatewayConfig
-from modelyard.gateway.gateway import Gateway
+from modelyard.gateway.gateway import Gateway, build_gateway
 from modelyard.gateway.middleware import build_gateway_middleware
+from modelyard.gateway.request_path import (
+    Demand,
+    LLMLease,
+    PredictorLease,
+    RequestPath,
+    admit_request,
+    runs_model,
+)
 from modelyard.gateway.router import build_router
+from modelyard.manager.base import ModelKind, ModelLoadError
+from modelyard.manager.catalog import ModelSpec
 
 ISSUER = "https://idp.test"
 AUDIENCE = "modelyard"
@@ -69,13 +84,51 @@ def write_jwks(path: Path, *signers: RsaSigner) -> Path:
     return path
 
 
+class FakeModels:
+    """A provider whose every model is a chat LLM, except names starting with `embed`."""
+
+    def __init__(self, down: set[str]) -> None:
+        self.down = down  # models whose load fails
+
+    def spec(self, name: str) -> ModelSpec:
+        kind = ModelKind.EMBEDDING if name.startswith("embed") else ModelKind.CHAT
+        return ModelSpec(id=name, kind=kind)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str) -> AsyncIterator[FakeLease]:
+        if name in self.down:
+            raise ModelLoadError(f"{name} is down")
+        yield FakeLease(self.spec(name))
+
+    def describe(self) -> dict[str, Any]:
+        return {"available_models": [], "loaded_models": []}
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeLease:
+    def __init__(self, spec: ModelSpec) -> None:
+        self.model_id, self.kind = spec.id, spec.kind
+        self.llm: Any = None
+        self.predictor: Any = None
+        self.metadata: dict[str, Any] = {}
+
+
 def build_fake_app(
     config: GatewayConfig, *, gateway: Gateway | None = None, **parts: Any
 ) -> FastAPI:
-    """A FastAPI app with the gateway middleware, the admin routes and fake model handlers."""
-    app = FastAPI(middleware=build_gateway_middleware(config, gateway=gateway, **parts))
+    """A FastAPI app with the real gateway in front of fake model routes (module docstring)."""
+    gw = gateway or build_gateway(config, **parts)
+    app = FastAPI(
+        middleware=build_gateway_middleware(config, gateway=gw),
+        dependencies=[Depends(admit_request)],
+    )
+    install_exception_handlers(app)
     app.state.router = build_router(config)
     app.state.down = set()
+    models = FakeModels(app.state.down)
+    app.state.request_path = RequestPath(models, app.state.router, timeout_s=30)  # type: ignore[arg-type]
     app.include_router(admin_router)
 
     @app.get("/health")
@@ -83,51 +136,58 @@ def build_fake_app(
         return {"status": "ok"}
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": []}
 
     @app.post("/v1/chat/completions")
+    @runs_model
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
-        return _serve(request, body["model"], body)
+        demand = Demand.generation(
+            gw.config.rate_limit,
+            body_bytes=len(await request.body()),
+            max_tokens=body.get("max_tokens"),
+            sequences=1,
+        )
+
+        async def start(lease: LLMLease) -> None:
+            return None
+
+        served = await app.state.request_path.open_llm(request, body["model"], demand, start)
+        prompt = int(body.get("x_prompt_tokens", 10))
+        completion = int(body.get("x_completion_tokens", min(body.get("max_tokens", 5), 5)))
+        served.record_tokens(prompt, completion)
+        await served.aclose()
+        return _seen(request, served.model_id, served.decision.targets)
 
     @app.post("/v2/models/{name}/infer")
+    @runs_model
     async def infer(name: str, request: Request) -> JSONResponse:
         body = await request.json()
-        return _serve(request, name, body)
+        items = len(body.get("inputs") or [None])
+        demand = Demand.inference(items=items, input_bytes=len(await request.body()))
+
+        async def run(lease: PredictorLease) -> None:
+            return None
+
+        _, lease = await app.state.request_path.predict(request, name, demand, run)
+        return _seen(request, lease.model_id, [])
 
     return app
 
 
-def _serve(request: Request, requested: str, body: dict[str, Any]) -> JSONResponse:
+def _seen(request: Request, served: str, targets: list[str]) -> JSONResponse:
     principal: Principal = request.scope[PRINCIPAL_SCOPE_KEY]
     usage: RequestUsage = request.scope[USAGE_SCOPE_KEY]
-    router = request.app.state.router
-    decision = router.route(requested, principal)
-    served = None
-    for target in decision.targets:
-        if target in request.app.state.down:
-            if hasattr(router, "report_failure"):
-                router.report_failure(target)
-            continue
-        served = target
-        break
-    if served is None:
-        return JSONResponse({"error": {"message": "all targets down"}}, status_code=503)
-    usage.model = served
-    usage.prompt_tokens = int(body.get("x_prompt_tokens", 10))
-    usage.completion_tokens = int(
-        body.get("x_completion_tokens", min(body.get("max_tokens", 5), 5))
-    )
     content = {
         "model": served,
         "tenant": principal.tenant,
         "priority": principal.priority,
         "key_id": principal.key_id,
-        "targets": decision.targets,
+        "targets": targets,
         "estimated_tokens": usage.estimated_tokens,
     }
-    return JSONResponse(content, headers={"x-modelyard-route": decision.header})
+    return JSONResponse(content)
 
 
 def app_from_env() -> FastAPI:

@@ -19,9 +19,17 @@ def test_from_dict_parses_every_section() -> None:
         {
             "auth": True,
             "redis_url": "redis://127.0.0.1:1/0",
-            "tenants": {"acme": {"models": ["chat"], "priority": 2, "rpm": 10, "admin": True}},
+            "tenants": {
+                "acme": {"models": ["chat"], "priority": 2, "rpm": 10, "ipm": 7, "admin": True}
+            },
             "rate_limit": {"store": "redis", "on_store_error": "closed", "default": {"tpm": 99}},
-            "jwt": {"jwks_file": "/x.json", "audience": "a", "algorithms": ["RS256"]},
+            "jwt": {
+                "jwks_file": "/x.json",
+                "audience": "a",
+                "algorithms": ["RS256"],
+                "scope_claim": "scp",
+                "admin_scope": "modelyard.admin",
+            },
             "routes": {
                 "seed": 3,
                 "models": {"chat": {"target": "m1", "aliases": ["gpt"], "canary": {"m2": 0.1}}},
@@ -33,11 +41,13 @@ def test_from_dict_parses_every_section() -> None:
     assert acme.models == frozenset({"chat"})
     assert acme.priority == 2
     assert acme.admin
-    assert acme.quota == Quota(rpm=10)
+    assert acme.quota == Quota(rpm=10, ipm=7)
     assert config.rate_limit.default_quota == Quota(tpm=99)
     assert config.rate_limit.on_store_error == "closed"
     assert config.jwt is not None
     assert config.jwt.algorithms == ("RS256",)
+    assert (config.jwt.scope_claim, config.jwt.admin_scope) == ("scp", "modelyard.admin")
+    assert "/metrics" not in config.open_paths  # admin scope unless opened
     route = config.routes.models[0]
     assert (route.name, route.target, route.aliases, route.canary) == (
         "chat",
@@ -54,6 +64,7 @@ def test_from_dict_parses_every_section() -> None:
         {"auth": "maybe"},
         {"tenants": {"a": {"rpm": 0}}},
         {"tenants": {"a": {"rpm": "ten"}}},
+        {"tenants": {"a": {"ipm": -1}}},
         {"rate_limit": {"store": "redis"}},  # no redis_url
         {"rate_limit": {"on_store_error": "sometimes"}},
         {"jwt": {"audience": "x"}},  # neither jwks_file nor jwks_url
@@ -77,9 +88,12 @@ def test_keys_are_high_entropy_and_stored_hashed(tmp_path) -> None:
     assert hashes_match(hash_key(key), key)
     assert not hashes_match(hash_key(key), key + "x")
 
-    store = SqliteKeyStore(tmp_path / "keys.db")
+    store = SqliteKeyStore(tmp_path / "private" / "keys.db")
     key, record = new_record("acme", models=("chat",), rpm=5)
     store.add(record)
+    assert (tmp_path / "private" / "keys.db").stat().st_mode & 0o777 == 0o600  # owner only
+    assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
+    tmp_path = tmp_path / "private"
     raw = (tmp_path / "keys.db").read_bytes()
     assert key.encode() not in raw
     assert record.key_hash.encode() in raw

@@ -4,7 +4,8 @@ Request: `{"model", "input": str | [str], "encoding_format": "float"|"base64", "
 Token-array inputs are refused (400): the embedding models tokenize themselves. `usage` counts
 the tokens each model read (the backends report them for the option `usage: true`); a backend
 that cannot count them (a remote Triton model) reports whitespace-separated words instead.
-Errors use the OpenAI envelope (api/errors.py handlers).
+Errors use the OpenAI envelope (api/errors.py handlers). Goes through the request path
+(gateway/request_path.py): allow-list, routing, quotas (each input is one item), usage.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ from pydantic import BaseModel, ConfigDict
 
 from modelyard.api.errors import APIError
 from modelyard.backends.inputs import as_list
+from modelyard.gateway.request_path import (
+    Demand,
+    PredictorLease,
+    RequestPath,
+    declared_bytes,
+    runs_model,
+)
 from modelyard.manager.base import ModelKind
 
 router = APIRouter()
@@ -34,15 +42,23 @@ class EmbeddingRequest(BaseModel):
 
 
 @router.post("/v1/embeddings")
+@runs_model
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
     texts = as_list(body.input)
     if not all(isinstance(text, str) for text in texts):
         raise APIError(400, "input must be a string or a list of strings", param="input")
-    provider = request.app.state.provider
-    async with provider.lease(body.model) as lease:
-        if lease.kind != ModelKind.EMBEDDING:
-            raise APIError(400, f"{body.model} is not an embedding model", param="model")
-        outputs = await lease.predictor.predict(texts, {"usage": True})
+    demand = Demand.inference(
+        items=len(texts),
+        input_bytes=declared_bytes(request),
+        kinds=[ModelKind.EMBEDDING],
+        serves="embedding models",
+    )
+
+    async def run(lease: PredictorLease) -> Any:
+        return await lease.predictor.predict(texts, {"usage": True})
+
+    path: RequestPath = request.app.state.request_path
+    outputs, lease = await path.predict(request, body.model, demand, run)
     vectors, tokens = _split_usage(outputs, texts)
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise APIError(400, f"dimensions must be {len(vectors[0])}", param="dimensions")

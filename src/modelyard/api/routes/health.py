@@ -4,8 +4,9 @@
 - `GET /ready`: 503 `{"status": "loading"}` (Retry-After) until the preloaded models are ready,
   then 200 `{"status": "ready"}`; 503 `{"status": "failed", "error"}` if startup failed.
 - `GET /debug/engine_stats?model=<name>`: the model's latest SchedulerStats (running, waiting,
-  free KV blocks...); for admins, or anyone when auth is off; disabled by
-  `server.debug_endpoints: false`. Tests use it to see that aborted requests free their blocks.
+  free KV blocks, aborted requests...) of a loaded model, never loading one; admin scope (anyone
+  when auth is off); disabled by `server.debug_endpoints: false`. Tests use it to see that
+  aborted requests were aborted and freed their blocks.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse
 
 from modelyard.api.errors import APIError
-from modelyard.api.generation import principal_of
-from modelyard.gateway.base import ANONYMOUS
+from modelyard.gateway.request_path import require_admin
 
 router = APIRouter()
 
@@ -39,17 +39,13 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
 
 
-@router.get("/debug/engine_stats")
+@router.get("/debug/engine_stats", dependencies=[Depends(require_admin)])
 async def engine_stats(model: str, request: Request) -> dict[str, Any]:
     if not request.app.state.config.server.debug_endpoints:
         raise APIError(404, "debug endpoints are disabled")
-    principal = principal_of(request)
-    if principal != ANONYMOUS and not principal.is_admin:
-        raise APIError(403, "admin only")
-    async with request.app.state.provider.lease(model) as lease:
-        try:
-            llm = lease.llm
-        except TypeError as exc:
-            raise APIError(400, f"{model!r} is not an LLM", param="model") from exc
-        stats = msgspec.to_builtins(llm.stats())
-        return {"model": lease.model_id, "stats": stats}
+    provider = request.app.state.provider
+    model_id = provider.spec(model).id
+    stats = provider.engine_stats().get(model_id)
+    if stats is None:
+        raise APIError(400, f"{model_id} is not a loaded LLM", param="model")
+    return {"model": model_id, "stats": msgspec.to_builtins(stats)}

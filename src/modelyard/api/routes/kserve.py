@@ -4,11 +4,16 @@
 - `GET /v2` (server metadata), `GET /v2/models/{name}[/versions/{v}]` (model metadata; a tensor
   model is loaded to read its metadata), `GET .../ready` (200 when loaded, 400 otherwise, as
   Triton does);
-- `POST /v2/models/{name}[/versions/{v}]/infer`: JSON tensors, or Triton's binary extension;
-- `POST /v2/repository/index`, `POST /v2/repository/models/{name}/load|unload`.
+- `POST /v2/models/{name}[/versions/{v}]/infer`: JSON tensors, or Triton's binary extension,
+  through the request path (gateway/request_path.py): allow-list, routing, quotas (the first
+  input's batch dimension counts the items), usage, `x-modelyard-route`;
+- `POST /v2/repository/index`: the models the caller may use (admins also see why a model is
+  unavailable); `POST /v2/repository/models/{name}/load|unload`: admin scope only.
 
-Errors are `{"error": "..."}` (api/errors.py maps exceptions under /v2): 400 bad input, 404
-unknown model, 503 not loadable now. Enough of Triton's shape that `tritonclient.http` drives it.
+Model metadata and readiness are answered only for models the caller may use (403 otherwise).
+Errors are `{"error": "..."}` (api/errors.py maps exceptions under /v2): 400 bad input, 403 not
+allowed, 404 unknown model, 503 not loadable now. Enough of Triton's shape that
+`tritonclient.http` drives it.
 """
 
 from __future__ import annotations
@@ -16,16 +21,26 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 import modelyard
 from modelyard.api.errors import APIError
+from modelyard.api.listing import visible_catalog
 from modelyard.backends.kserve import (
     default_metadata,
     items_from_request,
     outputs_to_tensors,
     parse_infer_body,
+)
+from modelyard.gateway.request_path import (
+    Demand,
+    PredictorLease,
+    RequestPath,
+    declared_bytes,
+    require_admin,
+    runs_model,
+    ticket_of,
 )
 from modelyard.manager.base import ModelKind
 
@@ -71,14 +86,14 @@ def _check_version(spec: Any, version: str | None) -> None:
 @router.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
     provider = _provider(request)
+    _path(request).authorize(ticket_of(request), name)
     spec = provider.spec(name)
     _check_version(spec, version)
     if spec.kind.is_llm:
         raise APIError(400, f"{spec.id} is an LLM: use the OpenAI routes under /v1")
     metadata = provider.metadata(spec.id)
     if metadata is None and spec.kind == ModelKind.TENSOR:
-        async with provider.lease(spec.id) as lease:
-            metadata = lease.metadata
+        metadata = await _path(request).metadata(spec.id)
     if metadata is None or spec.kind != ModelKind.TENSOR:
         metadata = default_metadata(spec.kind)
     return {
@@ -94,6 +109,7 @@ async def model_metadata(name: str, request: Request, version: str | None = None
 @router.get("/v2/models/{name}/versions/{version}/ready")
 async def model_ready(name: str, request: Request, version: str | None = None) -> JSONResponse:
     provider = _provider(request)
+    _path(request).authorize(ticket_of(request), name)
     spec = provider.spec(name)
     _check_version(spec, version)
     loaded = str(provider.state(spec.id)) == "loaded"
@@ -103,51 +119,69 @@ async def model_ready(name: str, request: Request, version: str | None = None) -
 
 @router.post("/v2/models/{name}/infer")
 @router.post("/v2/models/{name}/versions/{version}/infer")
+@runs_model
 async def infer(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    provider = _provider(request)
-    spec = provider.spec(name)
-    _check_version(spec, version)
-    if spec.kind.is_llm:
-        raise APIError(400, f"{spec.id} is an LLM: use the OpenAI routes under /v1")
     body = parse_infer_body(
         await request.body(), request.headers.get("inference-header-content-length")
     )
     parameters = body.get("parameters") or {}
     options = {k: v for k, v in parameters.items() if k in ("top_k", "labels")}
     wanted = [str(o.get("name")) for o in body.get("outputs") or [] if isinstance(o, dict)]
-    items = items_from_request(spec.kind, body)
-    async with provider.lease(spec.id) as lease:
-        outputs = await lease.predictor.predict(items, options)
+    demand = Demand.inference(items=_batch_size(body), input_bytes=declared_bytes(request))
+
+    async def run(lease: PredictorLease) -> Any:
+        _check_version(_provider(request).spec(lease.model_id), version)
+        items = items_from_request(lease.kind, body)
+        return await lease.predictor.predict(items, options)
+
+    outputs, lease = await _path(request).predict(request, name, demand, run)
+    spec = _provider(request).spec(lease.model_id)
     return {
         "model_name": spec.id,
         "model_version": spec.version,
         "id": str(body.get("id") or uuid.uuid4().hex),
-        "outputs": outputs_to_tensors(spec.kind, outputs, wanted or None),
+        "outputs": outputs_to_tensors(lease.kind, outputs, wanted or None),
     }
+
+
+def _batch_size(body: dict[str, Any]) -> int:
+    """Items of an infer request: the first input's first dimension (1 for a scalar)."""
+    inputs = body.get("inputs") or []
+    shape = inputs[0].get("shape") if inputs and isinstance(inputs[0], dict) else None
+    if isinstance(shape, list) and shape and isinstance(shape[0], int) and shape[0] > 0:
+        return int(shape[0])
+    return 1
+
+
+def _path(request: Request) -> RequestPath:
+    path: RequestPath = request.app.state.request_path
+    return path
 
 
 @router.post("/v2/repository/index")
 async def repository_index(request: Request) -> list[dict[str, Any]]:
-    described = _provider(request).describe()
+    models, _, admin = visible_catalog(request)
     states = {"loaded": "READY", "loading": "LOADING", "failed": "UNAVAILABLE"}
-    return [
-        {
+    index = []
+    for model in models:
+        entry = {
             "name": model["id"],
             "version": model.get("version", "1"),
             "state": states.get(model.get("state", ""), "UNAVAILABLE"),
-            "reason": model.get("last_error") or "",
         }
-        for model in described.get("available_models", [])
-    ]
+        if admin:
+            entry["reason"] = model.get("last_error") or ""
+        index.append(entry)
+    return index
 
 
-@router.post("/v2/repository/models/{name}/load")
+@router.post("/v2/repository/models/{name}/load", dependencies=[Depends(require_admin)])
 async def repository_load(name: str, request: Request) -> dict[str, Any]:
     await _provider(request).load(name)
     return {}
 
 
-@router.post("/v2/repository/models/{name}/unload")
+@router.post("/v2/repository/models/{name}/unload", dependencies=[Depends(require_admin)])
 async def repository_unload(name: str, request: Request) -> dict[str, Any]:
     await _provider(request).unload(name)
     return {}

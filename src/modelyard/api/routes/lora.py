@@ -6,8 +6,8 @@
   400 for a taken name or an adapter that does not fit, 404 for an unknown base.
 - unload {lora_name}: unregisters it (404 if unknown); a loaded base engine frees its memory
   once no running request uses it.
-Both answer vLLM's plain-text success messages. They name server-side folders, so they are for
-admins (`_require_admin`).
+Both answer vLLM's plain-text success messages. They name server-side folders, so they need the
+admin scope (the gateway's `require_admin`; with auth off every caller holds it).
 """
 
 from __future__ import annotations
@@ -15,18 +15,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import PlainTextResponse
 
 from modelyard.api.errors import APIError
-from modelyard.api.generation import principal_of
 from modelyard.api.lora import LoRARegistry
-from modelyard.gateway.base import ANONYMOUS
+from modelyard.gateway.request_path import require_admin
 from modelyard.manager.base import ModelNotFoundError
 from modelyard.manager.entries import State
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_admin)])
 
 
 class LoadLoRAAdapterRequest(BaseModel):
@@ -43,17 +42,8 @@ class UnloadLoRAAdapterRequest(BaseModel):
     lora_name: str
 
 
-def _require_admin(request: Request) -> None:
-    """Admins only once auth is on (anyone reaching the server when it is off).
-    The single check the gateway's admin scope is meant to replace."""
-    principal = principal_of(request)
-    if principal != ANONYMOUS and not principal.is_admin:
-        raise APIError(403, "loading or unloading LoRA adapters needs an admin key")
-
-
 @router.post("/v1/load_lora_adapter", response_model=None)
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
-    _require_admin(request)
     registry: LoRARegistry = request.app.state.loras
     provider = request.app.state.provider
     name = body.lora_name
@@ -73,7 +63,6 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
 async def unload_lora_adapter(
     body: UnloadLoRAAdapterRequest, request: Request
 ) -> PlainTextResponse:
-    _require_admin(request)
     registry: LoRARegistry = request.app.state.loras
     try:
         adapter = registry.remove(body.lora_name)

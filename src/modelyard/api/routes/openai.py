@@ -2,7 +2,9 @@
 
 Non-streaming responses carry `x-modelyard-queue-time` / `x-modelyard-ttft` headers (seconds)
 and the `modelyard` timings field; streams end with `data: [DONE]`, preceded by an error event
-if they fail after the first byte. Every response carries `x-modelyard-route`.
+if they fail after the first byte. The generation routes go through the request path
+(gateway/request_path.py), which adds `x-modelyard-route` to every response. `/v1/models` lists
+what the caller may use.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from modelyard.api.generation import (
     cancel_on_disconnect,
     open_generation,
 )
+from modelyard.api.listing import visible_model_names
 from modelyard.api.openai_format import ChoiceText, OpenAIFormat, finish_reason_of, usage_body
 from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.protocol import LLMClient
 from modelyard.engine.sampling_params import SamplingParams
+from modelyard.gateway.request_path import principal_of, runs_model
 
 router = APIRouter()
 
@@ -37,6 +41,7 @@ _INLINE_TEMPLATE_CHARS = 4096
 
 
 @router.post("/v1/chat/completions", response_model=None)
+@runs_model
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     params = body.to_sampling_params()
     messages = [m.as_template_message() for m in body.messages]
@@ -59,6 +64,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
 
 @router.post("/v1/completions", response_model=None)
+@runs_model
 async def completions(body: CompletionRequest, request: Request) -> Response:
     params = body.to_sampling_params()
     prompts = body.prompts()
@@ -75,18 +81,18 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         body.stream,
         body.stream_options,
         chat=False,
+        num_prompts=len(prompts),
     )
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """OpenAI model list from the provider's describe() (ids and aliases of every model), then
-    the LoRA adapters, each with its base model as `parent` (as vLLM lists them)."""
-    described = request.app.state.provider.describe()
+    """OpenAI model list: the catalog ids and route names the caller may use, then the LoRA
+    adapters it may use, each with its base model as `parent` (as vLLM lists them)."""
     created = int(request.app.state.started_at)
     data = [
         {"id": model_id, "object": "model", "created": created, "owned_by": "modelyard"}
-        for model_id in model_ids_of(described)
+        for model_id in visible_model_names(request)
     ]
     data += [
         {
@@ -97,25 +103,9 @@ async def list_models(request: Request) -> dict[str, Any]:
             "parent": adapter.base,
         }
         for adapter in getattr(request.app.state, "loras", ())
+        if principal_of(request).may_use(adapter.lora.name)
     ]
     return {"object": "list", "data": data}
-
-
-def model_ids_of(described: Any) -> list[str]:
-    """Model ids in a describe() result: the manager's {"available_models": [{"id"}...]},
-    or {"models": [...]}, or a plain {id: ...} mapping."""
-    models = described
-    if isinstance(described, dict):
-        models = described.get("available_models", described.get("models", described))
-    if isinstance(models, dict):
-        return [str(k) for k in models]
-    ids = []
-    for entry in models or []:
-        if isinstance(entry, dict) and "id" in entry:
-            ids.append(str(entry["id"]))
-        elif isinstance(entry, str):
-            ids.append(entry)
-    return ids
 
 
 async def serve_openai(
@@ -128,19 +118,22 @@ async def serve_openai(
     stream_options: StreamOptions | None,
     *,
     chat: bool,
+    num_prompts: int = 1,
 ) -> Response:
     """Run one OpenAI request to a JSON response or an SSE stream."""
     gen: Generation | None = None
     handed_off = False
     try:
         async with cancel_on_disconnect(request):
-            gen = await open_generation(request, model, build, params, priority=priority)
+            gen = await open_generation(
+                request, model, build, params, priority=priority, num_prompts=num_prompts
+            )
             fmt = OpenAIFormat(
                 chat=chat, model=gen.model_id, n=params.n, tokenizer=gen.llm.tokenizer
             )
             if not stream:
                 choices = await collect_choices(gen, fmt)
-        headers = {"x-modelyard-route": gen.decision.header}
+        headers: dict[str, str] = {}
         if stream:
             include_usage = bool(stream_options and stream_options.include_usage)
             events = stream_events(gen, fmt, include_usage=include_usage)

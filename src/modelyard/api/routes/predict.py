@@ -4,8 +4,12 @@
   multipart form with `model_id`, one or more `file` uploads (images) and optional `options`
   (a JSON string). Answers `{"model_id", "kind", "predictions": [one output per input]}` with
   the kind's fixed shape (backends/base.py); a single input still gets a one-element list.
-- `GET /models`: the manager's listing (`available_models`, `loaded_models` with memory, state,
-  last use and active leases, memory budget, counters).
+  Tensor models (ONNX, Triton) take named tensors, KServe's or the textbook's
+  (`{"data_0": {"shape": [3, 224, 224], "data": [...], "dtype": "float32"}}`), checked against
+  the model's input metadata (400 naming the input on a mismatch). Goes through the request
+  path (gateway/request_path.py): allow-list, routing, quotas (one input = one item), usage.
+- `GET /models`: the textbook's `available_models` / `loaded_models` objects keyed by model id,
+  and the richer per-model list under `models` (api/listing.py: only what the caller may see).
 """
 
 from __future__ import annotations
@@ -16,8 +20,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
+from modelyard.api.listing import models_listing
 from modelyard.backends.image import MAX_IMAGE_BYTES
 from modelyard.backends.inputs import items_for_kind
+from modelyard.backends.tensors import named_tensors
+from modelyard.gateway.request_path import (
+    Demand,
+    PredictorLease,
+    RequestPath,
+    declared_bytes,
+    runs_model,
+)
+from modelyard.manager.base import ModelKind
 
 router = APIRouter()
 
@@ -65,20 +79,25 @@ async def _read_form(request: Request) -> tuple[str, Any, dict[str, Any]]:
 
 
 @router.post("/predict")
+@runs_model
 async def predict(request: Request) -> dict[str, Any]:
     model_id, input_data, options = await _read_body(request)
-    provider = request.app.state.provider
-    async with provider.lease(model_id) as lease:
-        items = (
-            input_data
-            if isinstance(input_data, list) and all(isinstance(i, bytes) for i in input_data)
-            else items_for_kind(lease.kind, input_data)
-        )
-        outputs = await lease.predictor.predict(items, options)
+    uploads = isinstance(input_data, list) and all(isinstance(i, bytes) for i in input_data)
+    count = len(input_data) if isinstance(input_data, list) else 1
+    demand = Demand.inference(items=count, input_bytes=declared_bytes(request))
+
+    async def run(lease: PredictorLease) -> Any:
+        items = input_data if uploads else items_for_kind(lease.kind, input_data)
+        if lease.kind == ModelKind.TENSOR:
+            inputs = lease.metadata.get("inputs", [])
+            items = [named_tensors(item, inputs) for item in items]
+        return await lease.predictor.predict(items, options)
+
+    path: RequestPath = request.app.state.request_path
+    outputs, lease = await path.predict(request, model_id, demand, run)
     return {"model_id": lease.model_id, "kind": str(lease.kind), "predictions": outputs}
 
 
 @router.get("/models")
 async def models(request: Request) -> dict[str, Any]:
-    described: dict[str, Any] = request.app.state.provider.describe()
-    return described
+    return models_listing(request)

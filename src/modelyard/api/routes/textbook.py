@@ -14,7 +14,8 @@ Defaults (server.textbook in the config): model `smollm2-135m-instruct`, `max_to
   A failure after the first byte sends `data: {"error": {...}}` as the last event instead.
 - `POST /generate_vllm {"prompts"}`: see routes/vllm_compat.py.
 
-Errors use `{"error": {"message", "type", "param", "code"}}` with the same statuses as /v1.
+Errors use `{"error": {"message", "type", "param", "code"}}` with the same statuses as /v1. The
+generation routes go through the request path (gateway/request_path.py) like /v1's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from modelyard.config import TextbookConfig
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.protocol import LLMClient
 from modelyard.engine.sampling_params import SamplingParams
+from modelyard.gateway.request_path import runs_model
 
 router = APIRouter()
 
@@ -72,7 +74,8 @@ async def _generate_texts(
     gen: Generation | None = None
     try:
         async with cancel_on_disconnect(request):
-            gen = await open_generation(request, body.model or defaults.model, build, params)
+            model = body.model or defaults.model
+            gen = await open_generation(request, model, build, params, num_prompts=len(prompts))
             texts: list[list[str]] = [[] for _ in prompts]
             async for index, output in gen.all_outputs():
                 for delta in output.deltas:
@@ -85,17 +88,20 @@ async def _generate_texts(
 
 
 @router.post("/basic_generate")
+@runs_model
 async def basic_generate(body: BasicGenerateRequest, request: Request) -> dict[str, str]:
     texts = await _generate_texts(request, body, [body.prompt])
     return {"generated_text": texts[0]}
 
 
 @router.post("/generate")
+@runs_model
 async def generate(body: GenerateRequest, request: Request) -> dict[str, list[str]]:
     return {"generated_texts": await _generate_texts(request, body, list(body.prompts))}
 
 
 @router.post("/generate_stream", response_model=None)
+@runs_model
 async def generate_stream(body: GenerateStreamRequest, request: Request) -> Response:
     defaults: TextbookConfig = request.app.state.config.server.textbook
     params = textbook_params(body, defaults)
@@ -105,7 +111,7 @@ async def generate_stream(body: GenerateStreamRequest, request: Request) -> Resp
 
     async with cancel_on_disconnect(request):
         gen = await open_generation(request, body.model or defaults.model, build, params)
-    response = sse_response(_token_events(gen), {"x-modelyard-route": gen.decision.header})
+    response = sse_response(_token_events(gen))
     response.background = BackgroundTask(gen.aclose)
     return response
 
