@@ -26,6 +26,10 @@ from prometheus_client import Counter
 from modelyard.engine.messages import SchedulerStats
 from modelyard.observability.metrics import (
     KV_CACHE_USAGE,
+    LORA_LOAD_SECONDS,
+    LORA_LOADS,
+    LORA_RESIDENT_ADAPTERS,
+    LORA_RESIDENT_BYTES,
     NUM_PREEMPTIONS,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
@@ -45,6 +49,14 @@ _CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("prefix_cache_queries", PREFIX_CACHE_QUERIES),
     ("prefix_cache_hits", PREFIX_CACHE_HITS),
     ("num_preemptions", NUM_PREEMPTIONS),
+    ("lora_loads", LORA_LOADS),
+)
+_GAUGES = (
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    KV_CACHE_USAGE,
+    LORA_RESIDENT_ADAPTERS,
+    LORA_RESIDENT_BYTES,
 )
 _SPEC_CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("spec_decode_num_drafts", SPEC_DECODE_NUM_DRAFTS),
@@ -89,7 +101,7 @@ class EngineStatsCollector:
                 self._set_gauges(model, stats)
                 self._add_increments(model, stats)
             for gone in self._gauge_models - snapshot.keys():
-                for gauge in (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE):
+                for gauge in _GAUGES:
                     with contextlib.suppress(KeyError):
                         gauge.remove(gone)
             self._gauge_models = set(snapshot)
@@ -99,11 +111,16 @@ class EngineStatsCollector:
         NUM_REQUESTS_RUNNING.labels(model=model).set(stats.num_running)
         NUM_REQUESTS_WAITING.labels(model=model).set(stats.num_waiting)
         KV_CACHE_USAGE.labels(model=model).set(stats.kv_cache_usage)
+        LORA_RESIDENT_ADAPTERS.labels(model=model).set(len(stats.lora_resident))
+        LORA_RESIDENT_BYTES.labels(model=model).set(stats.lora_resident_bytes)
 
     def _add_increments(self, model: str, stats: SchedulerStats) -> None:
         last = self._last.setdefault(model, {})
         for name, counter in _CUMULATIVE:
             _increment(last, name, int(getattr(stats, name)), counter.labels(model=model))
+        LORA_LOAD_SECONDS.labels(model=model).inc(
+            _gain(last, "lora_load_ms", round(stats.lora_load_seconds * 1000)) / 1000
+        )
         method = stats.spec_decode_method
         if not method:
             return
@@ -119,11 +136,16 @@ class EngineStatsCollector:
 
 def _increment(last: dict[str, int], name: str, value: int, counter: Counter) -> None:
     """Add what a cumulative value gained since the last scrape (all of it after a reset)."""
-    previous = last.get(name, 0)
-    increment = value - previous if value >= previous else value
+    increment = _gain(last, name, value)
     if increment > 0:
         counter.inc(increment)
+
+
+def _gain(last: dict[str, int], name: str, value: int) -> int:
+    """What a cumulative value gained since the last scrape (all of it after a reset)."""
+    previous = last.get(name, 0)
     last[name] = value
+    return value - previous if value >= previous else value
 
 
 ENGINE_STATS = EngineStatsCollector()

@@ -109,6 +109,16 @@ PREFIX_CACHE_HITS = Counter(
     P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["model"]
 )
 NUM_PREEMPTIONS = Counter(P + "num_preemptions", "Preemptions.", ["model"])
+LORA_RESIDENT_ADAPTERS = Gauge(
+    P + "lora_resident_adapters", "LoRA adapters loaded in the engine's memory.", ["model"]
+)
+LORA_RESIDENT_BYTES = Gauge(
+    P + "lora_resident_bytes", "Memory of the loaded LoRA adapters (and their slots).", ["model"]
+)
+LORA_LOADS = Counter(P + "lora_loads", "LoRA adapters read from disk.", ["model"])
+LORA_LOAD_SECONDS = Counter(
+    P + "lora_load_seconds", "Time spent reading LoRA adapters and packing slots.", ["model"]
+)
 SPEC_DECODE_NUM_DRAFTS = Counter(
     P + "spec_decode_num_drafts", "Speculative verifications of >= 1 token.", ["model", "method"]
 )

@@ -1,6 +1,6 @@
-"""Helpers for the LoRA tests: adapters made with `peft` on a saved base model (non-zero B),
-and `peft`'s merged model as the greedy reference. A module with a unique name (`conftest` is
-ambiguous when several areas have one)."""
+"""Helpers for the LoRA tests (integration and e2e): adapters made with `peft` on a saved base
+model (non-zero B), and `peft`'s merged model as the greedy reference. A module with a unique
+name (`conftest` is ambiguous when several areas have one)."""
 
 from __future__ import annotations
 

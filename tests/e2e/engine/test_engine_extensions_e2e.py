@@ -1,0 +1,166 @@
+"""Speculative decoding and LoRA adapters through a real `modelyard serve` (OpenAI API, real
+handlers, auth off): the catalog turns prompt lookup on for the default model and declares a
+LoRA adapter made here with `peft`.
+
+- greedy answers with and without speculation are identical (streamed or not), and /metrics
+  counts the drafts;
+- the declared adapter is a model in /v1/models with the base as parent, and answers what
+  peft's merged model generates; adapters load and unload through vLLM's API; with two kept in
+  memory, a third evicts the least recently used (read again from disk when it comes back).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_server import CATALOG, E2E_MODEL, ServerProcess, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+COPY = (
+    "Copy this sentence exactly: The museum sells postcards, maps of the coastal path and "
+    "small books about the history of navigation, from the first stone towers lit by fires."
+)
+PROMPT = "The three most important inventions in history are"
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from lora_helpers import make_adapter
+    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+
+    base = resolve_model(DEFAULT_MODEL).path
+    root = tmp_path_factory.mktemp("e2e-adapters")
+    return {
+        name: make_adapter(base, root / name, seed=i, rank=4 + 4 * i, std=0.08)
+        for i, name in enumerate(("finance", "legal", "medical"))
+    }
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]
+) -> Iterator[ServerProcess]:
+    catalog = (
+        CATALOG
+        + f"""      draft: ngram
+      num_speculative_tokens: 5
+      lora_modules: {{finance: "{adapters["finance"]}"}}
+      max_loras: 2
+      max_cpu_loras: 2
+"""
+    )
+    running = start_server(tmp_path_factory.mktemp("extensions-e2e"), catalog_yaml=catalog)
+    try:
+        yield running
+    finally:
+        stop_server(running)
+
+
+def chat(server: ServerProcess, speculate: bool, stream: bool = False) -> str:
+    body = {
+        "model": E2E_MODEL,
+        "messages": [{"role": "user", "content": COPY}],
+        "temperature": 0,
+        "max_tokens": 48,
+        "speculate": speculate,
+        "stream": stream,
+    }
+    if not stream:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return str(response.json()["choices"][0]["message"]["content"])
+    text = ""
+    url = f"{server.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                choices = httpx.Response(200, content=line[6:]).json()["choices"]
+                text += (choices[0]["delta"].get("content") or "") if choices else ""
+    return text
+
+
+def metric(server: ServerProcess, name: str, **labels: str) -> float:
+    body = httpx.get(f"{server.url}/metrics", timeout=30).text
+    total = 0.0
+    for line in body.splitlines():
+        match = re.match(rf"^modelyard:{name}{{(.*)}} (\S+)$", line)
+        if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def test_speculative_answers_equal_plain_ones_and_metrics_count_drafts(
+    server: ServerProcess,
+) -> None:
+    drafted = metric(server, "spec_decode_num_draft_tokens_total", method="ngram")
+    plain = chat(server, speculate=False)
+    assert metric(server, "spec_decode_num_draft_tokens_total", method="ngram") == drafted
+    assert chat(server, speculate=True) == plain
+    assert chat(server, speculate=True, stream=True) == plain
+    assert metric(server, "spec_decode_num_draft_tokens_total", method="ngram") > drafted
+    assert metric(server, "spec_decode_num_accepted_tokens_total", method="ngram") > 0
+    assert metric(server, "spec_decode_num_drafts_total", method="ngram") > 0
+
+
+def complete(server: ServerProcess, model: str) -> httpx.Response:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0}
+    return httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+
+
+def merged_text(adapter: Path) -> str:
+    from transformers import AutoTokenizer
+
+    from lora_helpers import MergedReference
+    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+
+    base = resolve_model(DEFAULT_MODEL).path
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    ids = tokenizer.encode(PROMPT)
+    tokens = MergedReference(base).greedy(adapter, ids, 10)
+    return str(tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def test_adapters_through_the_openai_and_vllm_apis(
+    server: ServerProcess, adapters: dict[str, Path]
+) -> None:
+    models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    assert {m["id"]: m.get("parent") for m in models}["finance"] == E2E_MODEL
+    finance = complete(server, "finance")
+    assert finance.status_code == 200, finance.text
+    assert finance.json()["model"] == "finance"
+    expected = merged_text(adapters["finance"])
+    assert finance.json()["choices"][0]["text"] == expected
+    base_text = complete(server, E2E_MODEL).json()["choices"][0]["text"]
+    assert finance.json()["choices"][0]["text"] != base_text
+    assert complete(server, "legal").status_code == 404
+
+    load = f"{server.url}/v1/load_lora_adapter"
+    for name in ("legal", "medical"):
+        response = httpx.post(load, json={"lora_name": name, "lora_path": str(adapters[name])})
+        assert response.status_code == 200, response.text
+        assert response.text == f"Success: LoRA adapter '{name}' added successfully."
+    again = httpx.post(load, json={"lora_name": "legal", "lora_path": str(adapters["legal"])})
+    assert again.status_code == 400
+    broken = httpx.post(load, json={"lora_name": "x", "lora_path": str(adapters["legal"].parent)})
+    assert broken.status_code == 400
+
+    loads = metric(server, "lora_loads_total", model=E2E_MODEL)
+    texts = {
+        name: complete(server, name).json()["choices"][0]["text"] for name in ("legal", "medical")
+    }
+    assert len({*texts.values(), base_text}) == 3
+    assert metric(server, "lora_resident_adapters", model=E2E_MODEL) == 2  # finance evicted
+    assert metric(server, "lora_loads_total", model=E2E_MODEL) == loads + 2
+    assert complete(server, "finance").json()["choices"][0]["text"] == expected
+    assert metric(server, "lora_loads_total", model=E2E_MODEL) == loads + 3  # read again
+    assert metric(server, "lora_resident_bytes", model=E2E_MODEL) > 0
+
+    unload = f"{server.url}/v1/unload_lora_adapter"
+    assert httpx.post(unload, json={"lora_name": "legal"}).status_code == 200
+    assert complete(server, "legal").status_code == 404
+    assert httpx.post(unload, json={"lora_name": "legal"}).status_code == 404
