@@ -3,20 +3,22 @@
 A PEFT adapter adds, to a projection y = W x, the delta s * B (A x) with A (r, in), B (out, r)
 and s = alpha / r (alpha / sqrt(r) with use_rslora; rank_pattern and alpha_pattern honoured).
 Here, for every layer and projection group of the native Llama forward (qkv, o, gate_up, down;
-a group's modules share their input x):
+a group's n modules share their input x):
 
-- `max_loras` slots of `max_lora_rank` columns per module. For a group of n modules,
-  A_stack (S * n * R, in) holds every slot's A matrices and B_stack (out, S * n * R) their
-  B matrices (scaled), each module's B in its own rows of the group's output: one pair of GEMMs
-  serves every adapter of a step. Both are packed like the base weights (runner.linear), so a
-  row's result does not depend on its batch mates, and rebuilt only when the slots change;
-- per step, a 0/1 mask (T, S * n * R) keeps, in each row, the columns of its own slot:
-  delta = B_stack(mask * A_stack(x)). A row without an adapter gets exactly 0; rows of different
-  adapters share the step (grouped by slot, not by merging weights);
+- `max_loras` slots of `max_lora_rank` (R) columns per module. A_stack (n * S * R, in) holds
+  every slot's A matrices, module-major (module i, slot s at rows (i * S + s) * R), and one
+  B_stack (out_i, S * R) per module their scaled B matrices: one A GEMM and one B GEMM per
+  module serve every adapter of a step. A slot is written in place when an adapter takes it
+  (its old columns zeroed first), so nothing is re-laid out when adapters come and go;
+- per step, a 0/1 mask (T, n * S * R) keeps, in each row, the columns of its own slot:
+  delta_i = B_i(mask * A_stack(x))[module i's columns]. A row without an adapter gets exactly
+  0; rows of different adapters share the step (grouped by slot, not by merging weights);
 - `LoRAManager` holds the adapters loaded from disk (least recently used dropped past
   `max_cpu_loras` or `max_cpu_lora_bytes`) and which one sits in which slot (a step's adapters
   get slots, evicting the least recently used adapters the step does not need). The scheduler
   admits at most `max_loras` different adapters among running requests, so a step always fits.
+  The stacks are allocated with the model (their size is the price of LoRA capacity), so
+  taking a slot only copies an adapter's matrices.
 
 The hooks (`LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections in runner.models.llama.
 On a LoRA model the MLP's gate/up run unfused (one GEMM, then the delta, then the activation).
@@ -150,15 +152,19 @@ def _scaling(config: dict[str, Any], module_name: str, rank: int) -> float:
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
 
-class _GroupSlots:
-    """One layer's group: the packed A_stack and B_stack of the current slots."""
+class _GroupStacks:
+    """One layer's group: A_stack (n * S * R, in) and a B_stack (out_i, S * R) per module."""
 
-    __slots__ = ("a", "b", "width")
+    __slots__ = ("a", "b", "offsets")
 
-    def __init__(self, a: Linear, b: Linear, width: int) -> None:
-        self.a = a  # x (T, in) -> (T, width)
-        self.b = b  # (T, width) -> (T, out)
-        self.width = width
+    def __init__(self, a: torch.Tensor, b: list[torch.Tensor], offsets: list[int]) -> None:
+        self.a = a
+        self.b = b
+        self.offsets = offsets  # first output column of each module in the group's output
+
+    @property
+    def nbytes(self) -> int:
+        return self.a.nbytes + sum(b.nbytes for b in self.b)
 
 
 @dataclass
@@ -170,20 +176,22 @@ class LoRAStats:
 class LoRAManager:
     """Loaded adapters, slots and per-step masks of one base model (see the module docstring)."""
 
-    def __init__(
-        self, config: LoRAConfig, shapes: BaseShapes, dtype: torch.dtype, *, pack: bool
-    ) -> None:
+    def __init__(self, config: LoRAConfig, shapes: BaseShapes, dtype: torch.dtype) -> None:
         self.config = config
         self.shapes = shapes
         self.dtype = dtype
-        self.pack = pack
         self.stats = LoRAStats()
         self._loaded: OrderedDict[str, Adapter] = OrderedDict()  # name -> adapter, LRU first
         self._slots: list[Adapter | None] = [None] * config.max_loras
         self._slot_use: list[int] = [0] * config.max_loras  # step counter of the last use
         self._steps = 0
-        self._groups: dict[tuple[int, str], _GroupSlots] = {}  # (layer, group) -> packed
+        self._stacks = {
+            (layer, group): self._allocate(group)
+            for layer in range(shapes.num_layers)
+            for group in GROUPS
+        }  # (layer, group) -> the slots' stacked matrices
         self._masks: dict[int, torch.Tensor] | None = None  # width -> (T, width) in a step
+        self._written: set[tuple[int, str]] = set()  # (layer, group)s some adapter wrote to
 
     # ---------------------------------------------------------------- adapters in memory
 
@@ -195,11 +203,9 @@ class LoRAManager:
         """Forget unregistered adapters and free their slots."""
         for name in names:
             self._loaded.pop(name, None)
-        emptied = [i for i, a in enumerate(self._slots) if a is not None and a.lora.name in names]
-        for slot in emptied:
-            self._slots[slot] = None
-        if emptied:
-            self._rebuild()
+        for slot, adapter in enumerate(self._slots):
+            if adapter is not None and adapter.lora.name in names:
+                self._write_slot(slot, None)
 
     @property
     def resident(self) -> list[str]:
@@ -208,8 +214,8 @@ class LoRAManager:
 
     @property
     def resident_bytes(self) -> int:
-        packed = sum(_packed_bytes(g.a) + _packed_bytes(g.b) for g in self._groups.values())
-        return sum(a.nbytes for a in self._loaded.values()) + packed
+        stacks = sum(g.nbytes for g in self._stacks.values())
+        return sum(a.nbytes for a in self._loaded.values()) + stacks
 
     def _adapter(self, lora: LoRARequest) -> Adapter:
         adapter = self._loaded.get(lora.name)
@@ -244,12 +250,12 @@ class LoRAManager:
             [slot_of[lora] if lora else -1 for lora, n in rows for _ in range(n)],
             dtype=torch.long,
         )  # (T,) -1 = no adapter
-        rank = self.config.max_lora_rank
+        rank, width = self.config.max_lora_rank, self.config.max_loras * self.config.max_lora_rank
         self._masks = {}
         for n in {len(m) for m in GROUPS.values()}:
-            col_slot = torch.arange(self.config.max_loras * n * rank) // (n * rank)  # (width,)
+            col_slot = torch.arange(n * width) % width // rank  # (n * S * R,) module-major
             mask = slot_of_row.unsqueeze(1) == col_slot.unsqueeze(0)
-            self._masks[col_slot.numel()] = mask.to(self.dtype)  # (T, width)
+            self._masks[col_slot.numel()] = mask.to(self.dtype)  # (T, n * S * R)
         try:
             yield
         finally:
@@ -259,31 +265,30 @@ class LoRAManager:
         """y (T, out) += the adapters' delta for x (T, in), row by row (in a step only)."""
         if self._masks is None:
             return
-        slots = self._groups.get((layer, group))
-        if slots is None:
-            return  # no adapter in the slots touches this group
-        u = slots.a(x).mul_(self._masks[slots.width])  # (T, width)
-        y.add_(slots.b(u))
+        if (layer, group) not in self._written:
+            return  # no adapter has touched this group
+        stacks = self._stacks[(layer, group)]
+        u = F.linear(x, stacks.a).mul_(self._masks[stacks.a.shape[0]])  # (T, n * S * R)
+        width = stacks.b[0].shape[1]  # S * R
+        for i, (b, offset) in enumerate(zip(stacks.b, stacks.offsets, strict=True)):
+            delta = F.linear(u[:, i * width : (i + 1) * width], b)  # (T, out_i)
+            y[:, offset : offset + b.shape[0]].add_(delta)
 
     def _assign(self, loras: list[LoRARequest]) -> dict[LoRARequest, int]:
-        """A slot for each of the step's adapters (loading and evicting as needed)."""
+        """A slot for each of the step's adapters (loading, evicting and writing as needed)."""
         self._steps += 1
         adapters = [self._adapter(lora) for lora in loras]
         needed = {id(a) for a in adapters}
         slot_of: dict[LoRARequest, int] = {}
-        changed = False
         for adapter in adapters:
             slot = next((i for i, a in enumerate(self._slots) if a is adapter), None)
             if slot is None:
                 slot = self._free_slot(needed)
-                self._slots[slot] = adapter
-                changed = True
+                start = time.perf_counter()
+                self._write_slot(slot, adapter)
+                self.stats.load_seconds += time.perf_counter() - start
             self._slot_use[slot] = self._steps
             slot_of[adapter.lora] = slot
-        if changed:
-            start = time.perf_counter()
-            self._rebuild()
-            self.stats.load_seconds += time.perf_counter() - start
         return slot_of
 
     def _free_slot(self, needed: set[int]) -> int:
@@ -294,47 +299,36 @@ class LoRAManager:
         empty = [i for i in free if self._slots[i] is None]
         return empty[0] if empty else min(free, key=lambda i: self._slot_use[i])
 
-    def _rebuild(self) -> None:
-        """Stack and pack every (layer, group) for the adapters now in the slots."""
-        self._groups = {}
-        for layer in range(self.shapes.num_layers):
-            for group, modules in GROUPS.items():
-                built = self._build(layer, modules)
-                if built is not None:
-                    self._groups[(layer, group)] = built
+    def _write_slot(self, slot: int, adapter: Adapter | None) -> None:
+        """Put the adapter's matrices in the slot's columns (zeroing the previous ones)."""
+        rank, size = self.config.max_lora_rank, self.config.max_loras
+        self._slots[slot] = adapter
+        touched = {(layer, _MODULE_GROUP[m]) for layer, m in adapter.weights} if adapter else set()
+        for key in sorted(touched | self._written):
+            stacks = self._stacks[key]
+            for i, module in enumerate(GROUPS[key[1]]):
+                rows = slice((i * size + slot) * rank, (i * size + slot + 1) * rank)
+                cols = slice(slot * rank, (slot + 1) * rank)
+                stacks.a[rows] = 0
+                stacks.b[i][:, cols] = 0
+                pair = adapter.weights.get((key[0], module)) if adapter is not None else None
+                if pair is not None:
+                    a, b = pair
+                    stacks.a[rows.start : rows.start + a.shape[0]] = a
+                    stacks.b[i][:, cols.start : cols.start + a.shape[0]] = b
 
-    def _build(self, layer: int, modules: tuple[str, ...]) -> _GroupSlots | None:
-        rank, n = self.config.max_lora_rank, len(modules)
-        width = len(self._slots) * n * rank
+        self._written |= touched
+
+    def _allocate(self, group: str) -> _GroupStacks:
+        modules = GROUPS[group]
+        width = self.config.max_loras * self.config.max_lora_rank
         size_in = self.shapes.modules[modules[0]][0]
         outs = [self.shapes.modules[m][1] for m in modules]
-        a_stack = torch.zeros(width, size_in, dtype=self.dtype)
-        b_stack = torch.zeros(sum(outs), width, dtype=self.dtype)
-        used = False
-        for slot, adapter in enumerate(self._slots):
-            for i, module in enumerate(modules):
-                pair = adapter.weights.get((layer, module)) if adapter is not None else None
-                if pair is None:
-                    continue
-                a, b = pair
-                col, row = (slot * n + i) * rank, sum(outs[:i])
-                a_stack[col : col + a.shape[0]] = a
-                b_stack[row : row + outs[i], col : col + a.shape[0]] = b
-                used = True
-        if not used:
-            return None
-        a_linear = Linear(a_stack, None, pack=self.pack)
-        return _GroupSlots(a_linear, Linear(b_stack, None, pack=self.pack), width)
-
-
-def _packed_bytes(linear: Linear) -> int:
-    return sum(
-        t.nbytes
-        for t in (
-            getattr(linear, name, None) for name in ("_packed", "_onednn", "_bf16", "_weight")
+        return _GroupStacks(
+            torch.zeros(len(modules) * width, size_in, dtype=self.dtype),
+            [torch.zeros(out, width, dtype=self.dtype) for out in outs],
+            [sum(outs[:i]) for i in range(len(outs))],
         )
-        if isinstance(t, torch.Tensor)
-    )
 
 
 class LoRAProjection:

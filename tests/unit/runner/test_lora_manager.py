@@ -60,7 +60,7 @@ def lora(name: str, path: Path, adapter_id: int = 1) -> LoRARequest:
 
 def manager(**config: int) -> LoRAManager:
     values = {"max_loras": 2, "max_lora_rank": 4, "max_cpu_loras": 4, **config}
-    return LoRAManager(LoRAConfig(**values), SHAPES, torch.float32, pack=False)
+    return LoRAManager(LoRAConfig(**values), SHAPES, torch.float32)
 
 
 def expected_delta(path: Path, x: torch.Tensor, layer: int, module: str) -> torch.Tensor:

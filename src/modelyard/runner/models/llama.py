@@ -91,9 +91,7 @@ class LlamaModel:
         head = state.get("lm_head.weight")
         tied = getattr(config, "tie_word_embeddings", False) or head is None
         pack = packing_available(dtype)
-        self.lora = (
-            LoRAManager(lora, BaseShapes.of(config), dtype, pack=pack) if lora is not None else None
-        )
+        self.lora = LoRAManager(lora, BaseShapes.of(config), dtype) if lora is not None else None
         # H -> V; packing a tied head makes its own copy, the embedding table stays for lookups
         self.lm_head = Linear(
             self.embed if tied or head is None else head.to(dtype), None, pack=pack
