@@ -53,9 +53,7 @@ from modelyard.engine.kv_cache import KVCacheManager
 from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.request import Request, RequestStatus
 from modelyard.engine.scheduler_output import (
-    DraftResult,
     RunnerOutput,
-    ScheduledRequest,
     SchedulerOutput,
 )
 from modelyard.engine.scheduler_state import StepBatch, WaitingQueue
@@ -182,21 +180,16 @@ class Scheduler:
         while index < len(self.running) and batch.token_budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
-            num_spec = self._num_spec_slots(request, num_new, batch) if speculate else 0
+            is_decode = num_new == 1 and request.num_output_tokens > 0
+            num_spec = (
+                self.spec_policy.reserve(request, self.kv_cache, batch.token_budget)
+                if speculate and is_decode
+                else 0
+            )
             if not num_spec and not self._allocate_or_preempt(request, num_new, batch):
                 break  # it preempted itself: it was the last one
             self._add_to_batch(batch, request, num_new, num_spec)
             index += 1
-
-    def _num_spec_slots(self, request: Request, num_new: int, batch: StepBatch) -> int:
-        """Speculative slots for a decode, allocated here when the free list has them."""
-        is_decode = num_new == 1 and request.num_output_tokens > 0
-        if not is_decode:
-            return 0
-        num_spec = min(self.spec_policy.num_spec_tokens(request), batch.token_budget - 1)
-        if num_spec > 0 and self.kv_cache.allocate_slots(request, 1 + num_spec):
-            return num_spec
-        return 0
 
     def _allocate_or_preempt(self, request: Request, num_new: int, batch: StepBatch) -> bool:
         """Get blocks for a running request, preempting the worst running ones (never one
@@ -338,24 +331,12 @@ class Scheduler:
             if entry.sample:
                 tokens = [sampled[entry.request_id]]
                 if entry.num_spec_tokens:
-                    accepted = self._settle_speculation(
-                        request, entry, runner_output.drafts.get(entry.request_id)
-                    )
+                    draft = runner_output.drafts.get(entry.request_id)
+                    accepted = self.spec_stats.settle(request, entry, draft, self.kv_cache)
                     tokens = [*accepted, *tokens]
                 logprobs = runner_output.logprobs.get(entry.request_id)
                 outputs.append(self._append_tokens(request, tokens, logprobs))
         return outputs
-
-    def _settle_speculation(
-        self, request: Request, entry: ScheduledRequest, draft: DraftResult | None
-    ) -> list[int]:
-        """Roll the request back past its rejected slots; return the accepted drafts."""
-        accepted = draft.accepted_token_ids if draft is not None else []
-        request.num_computed_tokens -= entry.num_spec_tokens - len(accepted)
-        self.kv_cache.trim(request, request.num_computed_tokens)
-        if draft is not None:
-            self.spec_stats.observe(len(draft.draft_token_ids), len(accepted))
-        return accepted
 
     def discard(self, scheduler_output: SchedulerOutput) -> None:
         """The batch did not run (the runner raised): roll its requests back to where they

@@ -36,7 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from modelyard.engine.config import SpeculativeConfig
+from modelyard.engine.kv_cache import KVCacheManager
 from modelyard.engine.request import Request
+from modelyard.engine.scheduler_output import DraftResult, ScheduledRequest
 
 
 class SpecDecodePolicy:
@@ -53,6 +55,14 @@ class SpecDecodePolicy:
     def step_allows(self, num_running: int) -> bool:
         """Rule 3: False when the step starts with too many running requests."""
         return self.config is not None and num_running <= self.config.disable_by_batch_size
+
+    def reserve(self, request: Request, kv_cache: KVCacheManager, token_budget: int) -> int:
+        """Slots for a decode (rules 1, 2, 4, and the step's token budget), allocated now if
+        the free list has them; 0 otherwise (never by preemption)."""
+        num_spec = min(self.num_spec_tokens(request), token_budget - 1)
+        if num_spec > 0 and kv_cache.allocate_slots(request, 1 + num_spec):
+            return num_spec
+        return 0
 
     def num_spec_tokens(self, request: Request) -> int:
         """Rules 1, 2 and 4 for one request whose next step is a plain decode."""
@@ -80,6 +90,22 @@ class SpecDecodeStats:
     num_draft_tokens: int = 0  # tokens proposed
     num_accepted_tokens: int = 0  # proposed tokens the target accepted
     accepted_per_pos: list[int] = field(default_factory=list)  # accepted at draft position i
+
+    def settle(
+        self,
+        request: Request,
+        entry: ScheduledRequest,
+        draft: DraftResult | None,
+        kv_cache: KVCacheManager,
+    ) -> list[int]:
+        """After a step: roll the request back past its rejected slots (blocks holding only
+        those go back to the free list), count the result; the accepted drafts."""
+        accepted = draft.accepted_token_ids if draft is not None else []
+        request.num_computed_tokens -= entry.num_spec_tokens - len(accepted)
+        kv_cache.trim(request, request.num_computed_tokens)
+        if draft is not None:
+            self.observe(len(draft.draft_token_ids), len(accepted))
+        return accepted
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:
