@@ -7,8 +7,9 @@ drifts, so both see the same conditions; fresh prompts for every batch):
   adapters  --concurrency requests at once, spread evenly over the four adapters (mixed batches)
 and, for the cost of turning LoRA on at all, the same base batch on an engine without LoRA
 (its MLP keeps the fused SwiGLU). Every request has a --prompt-tokens prompt and exactly
---output-tokens new tokens (EOS ignored). Also reported: each adapter's load time (read from
-disk and checked, the first request's stall) and the engine's resident adapter bytes. Usage:
+--output-tokens new tokens (EOS ignored); the three batches alternate ABC, CBA, ... Also
+reported: each adapter's load time (read from disk and checked, the first request's stall) and
+the engine's resident adapter bytes. Usage:
 
     flock /work/bench.lock .venv/bin/python benchmarks/lora.py
 """
@@ -114,14 +115,16 @@ def main() -> None:
         run_batch(llm, next(batches)[:4], loras, 4)  # warm-up of a mixed step
         spread = [loras[i % len(loras)] for i in range(args.concurrency)]
         runs: dict[str, list[dict[str, Any]]] = {"base": [], "adapters": [], "no_lora_engine": []}
-        for _ in range(args.rounds):
-            runs["base"].append(
-                run_batch(llm, next(batches), [None] * args.concurrency, args.output_tokens)
-            )
-            runs["adapters"].append(run_batch(llm, next(batches), spread, args.output_tokens))
-            runs["no_lora_engine"].append(
-                run_batch(plain_llm, next(batches), [None] * args.concurrency, args.output_tokens)
-            )
+        systems = {
+            "base": (llm, [None] * args.concurrency),
+            "adapters": (llm, spread),
+            "no_lora_engine": (plain_llm, [None] * args.concurrency),
+        }
+        order = list(systems)
+        for r in range(args.rounds):  # ABC, CBA, ...: drift hits every system alike
+            for name in order if r % 2 == 0 else order[::-1]:
+                engine, batch_loras = systems[name]
+                runs[name].append(run_batch(engine, next(batches), batch_loras, args.output_tokens))
         for name, value in runs.items():
             results[name] = rate(value)
     results["ratio_adapters_vs_base"] = round(

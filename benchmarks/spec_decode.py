@@ -7,12 +7,13 @@ subprocess:
   ngram       prompt lookup (k = --k-ngram)
   self_draft  the target's first --draft-layers layers and its head (k = --k-self)
 Points (fresh input-grounded prompts, spec_workload.py, for every system, point and round):
-  c1     --c1-requests pairs: a plain request, then a speculating one, one at a time,
-         up to --max-tokens new tokens each (greedy)
-  c32    32 requests at once, plain then speculating, twice; the default policy turns
+  c1     --c1-requests pairs of a plain and a speculating request, one at a time (the order
+         alternates from pair to pair), up to --max-tokens new tokens each (greedy)
+  c32    32 requests at once, plain and speculating, two rounds; the default policy turns
          speculation off in steps that start with more than disable_by_batch_size requests
-  sweep  c = 2, 4, 8, 16 at once, plain then speculating with speculation forced on at every
-         batch size (ngram only), to place the batch size where verifying stops paying
+  sweep  c = 2, 4, 8, 16 at once, plain and speculating with speculation forced on at every
+         batch size (ngram only), --sweep-rounds rounds, to place the batch size where
+         verifying stops paying
 Output tokens/s = tokens generated / wall time. Acceptance = accepted / proposed tokens from
 the engine's counters. Usage (hold the lock: the host is shared):
 
@@ -102,8 +103,8 @@ def ab(
 ) -> dict[str, Any]:
     """Plain and speculating requests in alternation, fresh prompts for each."""
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-    for r in range(rounds):
-        for speculate in (False, True):
+    for r in range(rounds):  # plain first in even rounds, speculating first in odd ones
+        for speculate in (False, True) if r % 2 == 0 else (True, False):
             conversations = prompts(seed + 2 * r + int(speculate), count)
             runs[speculate].append(timed(llm, conversations, max_tokens, speculate, one_by_one))
     plain, spec = summary(runs[False]), summary(runs[True])
@@ -129,7 +130,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         del llm
         forced = LLM(args.model, speculative=speculative(args.worker, args, force=True), **options)
         for i, c in enumerate(SWEEP):
-            out[f"sweep_c{c}"] = ab(forced, seed + 3000 + 100 * i, c, args.max_tokens_c32, 1, False)
+            point = ab(
+                forced, seed + 3000 + 100 * i, c, args.max_tokens_c32, args.sweep_rounds, False
+            )
+            out[f"sweep_c{c}"] = point
     out["peak_rss_mb"] = peak_rss_mb()
     return out
 
@@ -171,6 +175,7 @@ def main() -> None:
     parser.add_argument("--k-self", type=int, default=3)
     parser.add_argument("--draft-layers", type=int, default=8)
     parser.add_argument("--no-sweep", dest="sweep", action="store_false")
+    parser.add_argument("--sweep-rounds", type=int, default=2)
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="spec_decode")
     args = parser.parse_args()
@@ -182,6 +187,7 @@ def main() -> None:
         *("--c1-requests", str(args.c1_requests), "--max-tokens", str(args.max_tokens)),
         *("--max-tokens-c32", str(args.max_tokens_c32), "--k-ngram", str(args.k_ngram)),
         *("--k-self", str(args.k_self), "--draft-layers", str(args.draft_layers)),
+        *("--sweep-rounds", str(args.sweep_rounds)),
         *(() if args.sweep else ("--no-sweep",)),
     ]
     results: dict[str, Any] = {"host": host(), "command": " ".join(sys.argv)}

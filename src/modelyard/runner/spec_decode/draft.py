@@ -18,7 +18,8 @@ speculative position, and the draft writes KV only below that. Per request and s
 
 A self-draft writes its layers' KV at the speculative positions before the target's verifying
 forward writes the same layers there again (for the same tokens): the target's own values win.
-A preempted request's blocks are gone, so `forget` resets its progress.
+A preempted request's blocks are gone, so `forget` resets its progress. Drafts run on the base
+weights: a request's LoRA adapter applies to the target's verifying forward only.
 """
 
 from __future__ import annotations
