@@ -279,3 +279,25 @@ def test_sampled_outputs_keep_the_target_distribution(
         keep = wanted > 0
         chi2 = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
         assert chi2 < _chi_square_limit(int(keep.sum()) - 1), (position, chi2)
+
+
+def test_self_draft_is_the_targets_first_layers_then_its_norm_and_head(
+    target: Path, corpus: list[int]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from modelyard.runner.attention import AttentionMetadata
+    from modelyard.runner.spec_decode.draft import self_draft_model
+
+    runner = ModelRunner(ModelConfig(model=str(target), num_threads=1), CacheConfig(num_blocks=8))
+    assert runner._native is not None
+    ids = corpus[:20]
+    meta = AttentionMetadata.build([0], [len(ids)], [[0, 1]], BLOCK_SIZE)
+    with torch.inference_mode():
+        ours = self_draft_model(runner._native, 1).forward(
+            torch.tensor(ids), meta, torch.arange(len(ids))
+        )
+        hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+        hidden = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0]
+        expected = hf.lm_head(hf.model.norm(hidden))  # after layer 0 only
+    assert torch.allclose(ours, expected, atol=1e-4)
