@@ -24,7 +24,10 @@ Policy, per request and step (the textbook's rule as the default):
 1. the model has a speculative config (`draft_enabled`), and the request is a decode (its
    prefill is done) that asks for no logprobs;
 2. `SamplingParams.speculate`: False never speculates; True always does; None (the default)
-   speculates when max_tokens is None or >= `long_output_tokens` (long outputs only);
+   speculates when max_tokens is None or >= `long_output_tokens` (long outputs only), unless
+   the request samples with a seed: a seed promises the same tokens whatever the batch mates,
+   and whether a step speculates depends on them (rule 3), which changes how the request's
+   random numbers are used;
 3. the step starts with at most `disable_by_batch_size` running requests: past that a batched
    decode step is compute-bound on CPU and verifying k extra rows per request costs more than
    the accepted tokens save, so nobody speculates in that step;
@@ -70,10 +73,12 @@ class SpecDecodePolicy:
         params = request.sampling_params
         if config is None or params.speculate is False or params.logprobs is not None:
             return 0
-        if params.speculate is None and not (
-            params.max_tokens is None or params.max_tokens >= config.long_output_tokens
-        ):
-            return 0
+        if params.speculate is None:
+            long_output = (
+                params.max_tokens is None or params.max_tokens >= config.long_output_tokens
+            )
+            if not long_output or (params.seed is not None and not params.greedy):
+                return 0
         k = config.num_speculative_tokens
         if params.max_tokens is not None:  # the target's own token comes on top of the drafts
             k = min(k, params.max_tokens - request.num_output_tokens - 1)
