@@ -19,7 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modelyard.runner.loader import resolve_model, resolve_source_path
+from modelyard.runner.loader import resolve_model
+from modelyard.sources import resolve_source
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import bench_command, free_port, modelyard_cli, wait_http_ready
@@ -78,7 +79,7 @@ def server_command(
             "-m",
             "llama_cpp.server",
             "--model",
-            str(resolve_source_path(SOURCE)),
+            str(resolve_source(SOURCE)),
             "--model_alias",
             MODEL,
             "--n_threads",

@@ -358,7 +358,7 @@ def run_child(system: str, dtype: str, argv: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", system, "--dtype", dtype, *argv]
     # every system runs in the environment `modelyard serve` gives its engine worker (malloc
     # tunables, huge pages, passive OpenMP waits), so none gains from the process setup alone
-    from modelyard.engine.client import WORKER_ENVIRONMENT
+    from modelyard.engine.worker import WORKER_ENVIRONMENT
 
     env = {**WORKER_ENVIRONMENT, **os.environ}
     t = time.time()

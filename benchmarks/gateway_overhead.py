@@ -50,8 +50,7 @@ from modelyard.gateway.middleware import build_gateway_middleware
 from modelyard.gateway.request_path import Demand, LLMLease, RequestPath
 from modelyard.gateway.router import build_router
 from modelyard.gateway.ticket import TICKET_SCOPE_KEY
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 RESULTS = Path(__file__).parent / "results" / "gateway_overhead.json"
 BODY = json.dumps(

@@ -21,8 +21,12 @@ import time
 from typing import Any
 
 from common import machine_info, write_json
+from modelyard.backends import register_backend
 from modelyard.manager.catalog import Catalog, load_catalog, spec_from_dict
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.config import ManagerConfig
+from modelyard.manager.manager import Manager
+
+register_backend("echo", "modelyard.backends.echo:EchoBackend")  # the no-op model below
 
 GIB = 1024**3
 COFFEE = None
@@ -40,7 +44,7 @@ def _coffee_b64() -> str:
 
 
 def _input_for(kind: str) -> list[Any]:
-    from modelyard.backends.inputs import decode_image_input
+    from modelyard.api.inputs import decode_image_input
 
     if kind == "image-classification":
         return [decode_image_input(_coffee_b64())]

@@ -1,5 +1,5 @@
-"""Suite-wide settings: no hub access, quiet tokenizers. Area fixtures live in each area's
-conftest.py."""
+"""Suite-wide settings: no hub access, quiet tokenizers, the test-only `echo` backend
+registered. Area fixtures live in each area's conftest.py."""
 
 from __future__ import annotations
 
@@ -8,3 +8,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from modelyard.backends import register_backend
+
+register_backend("echo", "modelyard.backends.echo:EchoBackend")

@@ -46,7 +46,6 @@ from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
 from modelyard.gateway import admin as gateway_admin
 from modelyard.gateway.base import ModelRouter
-from modelyard.gateway.config import GatewayConfig
 from modelyard.gateway.gateway import Gateway, build_gateway
 from modelyard.gateway.request_path import RequestPath, admit_request, require_admin
 from modelyard.gateway.router import build_router
@@ -69,7 +68,7 @@ def build_app(
 ) -> FastAPI:
     """The FastAPI app with every route, the middleware stack and the error handlers."""
     config = config or ModelyardConfig()
-    gateway = gateway or build_gateway(GatewayConfig.from_dict(config.gateway))
+    gateway = gateway or build_gateway(config.gateway)
     router = router or build_router(gateway.config)
 
     @contextlib.asynccontextmanager

@@ -93,11 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_exposure(config: ModelyardConfig, *, allow_insecure: bool) -> None:
     """ValueError for a non-loopback bind without auth, unless allowed (gateway/gateway.py)."""
-    from modelyard.gateway.config import GatewayConfig
     from modelyard.gateway.gateway import check_exposure
 
-    gateway = GatewayConfig.from_dict(config.gateway)
-    check_exposure(config.server.host, gateway, allow_insecure=allow_insecure)
+    check_exposure(config.server.host, config.gateway, allow_insecure=allow_insecure)
 
 
 def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "info") -> int:
@@ -106,18 +104,14 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
     from rich.console import Console
 
     from modelyard.api.app import build_app
-    from modelyard.manager.manager import Manager, ManagerConfig
+    from modelyard.manager.manager import Manager
 
     console = Console(stderr=True, soft_wrap=True)
     from modelyard.observability.logging import configure_logging
 
     configure_logging()  # JSON lines (text on a terminal), incl. one access-log line per request
     catalog = build_catalog(config.catalog, config.engine, preload=preload)
-    try:
-        manager_config = ManagerConfig(**dict(config.manager))
-    except TypeError as exc:
-        raise ValueError(f"manager: {exc}") from exc
-    manager = Manager(catalog, manager_config)
+    manager = Manager(catalog, config.manager)
     wanted = [spec.id for spec in catalog if spec.preload or spec.pin]
 
     async def startup() -> None:

@@ -3,7 +3,9 @@
 Every failure leaves the server as a JSON body in the protocol's own envelope:
 
 - OpenAI (`/v1/*`) and the textbook endpoints: `{"error": {"message", "type", "param", "code"}}`;
-- KServe v2 (`/v2/*`): `{"error": "<message>"}` (`kserve_error_body`).
+- KServe v2 (`/v2/*`): `{"error": "<message>"}`
+
+(both built by `modelyard.error_envelopes`).
 
 `APIError` carries status, OpenAI type, param and Retry-After; `api_error_from_exception` maps
 engine, manager and validation errors onto it, so a route only raises and never formats. Bad
@@ -21,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from modelyard.error_envelopes import error_body
 from modelyard.gateway.errors import GatewayError
 from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
 
@@ -63,9 +66,10 @@ class APIError(Exception):
         self.code = code
         self.retry_after_s = retry_after_s
 
-    def body(self) -> dict[str, Any]:
-        """The OpenAI error envelope (also used by the textbook endpoints and SSE error events)."""
-        return openai_error_body(self.message, self.type, self.param, self.code)
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The envelope of the protocol served under `path` (default: OpenAI's, which the
+        textbook endpoints and SSE error events use too)."""
+        return error_body(path, self.message, type=self.type, param=self.param, code=self.code)
 
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:
@@ -77,29 +81,8 @@ class ClientDisconnectedError(Exception):
     """The client went away before the response was sent; nothing is left to answer."""
 
 
-def openai_error_body(
-    message: str, type: str, param: str | None = None, code: str | int | None = None
-) -> dict[str, Any]:
-    """`{"error": {"message", "type", "param", "code"}}` as the OpenAI API returns it."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def kserve_error_body(message: str) -> dict[str, str]:
-    """`{"error": "<message>"}`: the KServe v2 / Open Inference protocol error envelope."""
-    return {"error": message}
-
-
-def error_body_for_path(path: str, error: APIError) -> dict[str, Any]:
-    """The envelope of the protocol served under `path` (KServe under /v2, OpenAI elsewhere)."""
-    if path.startswith("/v2/") or path == "/v2":
-        return kserve_error_body(error.message)
-    return error.body()
-
-
 def error_response(path: str, error: APIError) -> JSONResponse:
-    return JSONResponse(
-        error_body_for_path(path, error), status_code=error.status, headers=error.headers()
-    )
+    return JSONResponse(error.body(path), status_code=error.status, headers=error.headers())
 
 
 def param_from_value_error(message: str) -> str | None:

@@ -30,7 +30,6 @@ import anyio
 from starlette.requests import Request
 
 from modelyard.api.errors import ClientDisconnectedError
-from modelyard.api.llm_metrics import RequestTracker
 from modelyard.engine.protocol import (
     EngineDeadError,
     LLMClient,
@@ -47,6 +46,7 @@ from modelyard.gateway.request_path import (
     principal_of,
     ticket_of,
 )
+from modelyard.observability.llm_metrics import RequestTracker
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from typing import Any
 from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.engine.protocol import LLMClient, RequestOutput, Tokenizer
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.manager.base import Lease, ModelKind, ModelProvider, Predictor
-from modelyard.manager.catalog import ModelSpec
+from modelyard.manager.base import Lease, ModelProvider, Predictor
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 @dataclass(frozen=True)

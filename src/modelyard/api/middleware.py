@@ -2,66 +2,38 @@
 assembled in one function, outermost first:
 
 1. RequestIdMiddleware: accept a sane `X-Request-ID` or make one; echo it on the response;
-2. gateway slot: authentication (Principal and the request's Ticket into the scope; gateway/);
-3. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes.
+2. AccessLogMiddleware, MetricsMiddleware: one log line and the HTTP metrics per request (they
+   see gateway rejections too);
+3. the gateway: authentication (Principal and the request's Ticket into the scope; gateway/);
+4. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
-from typing import Any
-
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelyard.api.errors import APIError, error_body_for_path
+from modelyard.api.errors import APIError
 from modelyard.config import ModelyardConfig
+from modelyard.error_envelopes import send_error_body
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.middleware import build_gateway_middleware
-from modelyard.observability.http import observability_middleware
-
-REQUEST_ID_SCOPE_KEY = "modelyard.request_id"
-_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+from modelyard.observability.http import MetricsMiddleware
+from modelyard.observability.logging import AccessLogMiddleware
+from modelyard.observability.request_id import RequestIdMiddleware
 
 
 def build_middleware_stack(config: ModelyardConfig, gateway: Gateway) -> list[Middleware]:
     """The middleware list for FastAPI(middleware=...), outermost first."""
-    stack = [Middleware(RequestIdMiddleware)]
-    stack.extend(observability_middleware())  # access log + HTTP metrics (observability/)
-    # gateway slot: authentication; quotas, routing and usage are the request path's
+    stack = [
+        Middleware(RequestIdMiddleware),
+        Middleware(AccessLogMiddleware),
+        Middleware(MetricsMiddleware),
+    ]
+    # authentication; quotas, routing and usage are the request path's (gateway/request_path.py)
     stack.extend(build_gateway_middleware(gateway.config, gateway=gateway))
     stack.append(Middleware(BodyLimitMiddleware, max_body_bytes=config.server.max_body_bytes))
     return stack
-
-
-class RequestIdMiddleware:
-    """Puts the request id in scope[REQUEST_ID_SCOPE_KEY] and the `x-request-id` header."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = _header(scope, b"x-request-id")
-        if request_id is None or not _REQUEST_ID_OK.match(request_id):
-            request_id = uuid.uuid4().hex
-        scope[REQUEST_ID_SCOPE_KEY] = request_id
-        raw_id = request_id.encode()
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [
-                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
-                ]
-                headers.append((b"x-request-id", raw_id))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
 
 
 class BodyLimitMiddleware:
@@ -108,17 +80,7 @@ class BodyLimitMiddleware:
         error = APIError(
             413, f"request body larger than {self.max_body_bytes} bytes", code="body_too_large"
         )
-        await send_json(send, 413, error_body_for_path(scope.get("path", ""), error))
-
-
-async def send_json(send: Send, status: int, body: Any) -> None:
-    payload = json.dumps(body).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+        await send_error_body(send, 413, error.body(scope.get("path", "")))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -1,4 +1,7 @@
-"""A dependency-free backend for tests, demos and fault drills: no weights, instant load.
+"""A dependency-free backend for tests and fault drills: no weights, instant load.
+
+Not in the production registry: tests and benchmarks register it as `echo` with
+`register_backend("echo", "modelyard.backends.echo:EchoBackend")`.
 
 Per kind: tensor -> each input tensor back, data multiplied by option `scale` (default 1);
 embedding -> `[len(text), number of words]`; classification kinds -> labels from option
@@ -26,8 +29,7 @@ from modelyard.backends.base import (
     top_k_option,
 )
 from modelyard.backends.tensors import from_numpy, to_numpy
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class EchoBackend:

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from modelyard.backends.base import Output, ranked, top_k_option
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelSpec
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024  # encoded size limit per image
 MAX_IMAGE_PIXELS = 40_000_000  # decoded size limit (decompression bombs)

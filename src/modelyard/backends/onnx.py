@@ -31,7 +31,8 @@ from modelyard.backends.base import (
 )
 from modelyard.backends.image import IMAGE_METADATA, decode_image, imagenet_labels
 from modelyard.backends.tensors import from_numpy, to_numpy
-from modelyard.manager.catalog import ModelSpec, cache_dir, resolve_source
+from modelyard.model_spec import ModelSpec
+from modelyard.sources import cache_dir, resolve_source
 
 _ORT_TYPES = {
     "tensor(float)": "FP32",

@@ -26,7 +26,8 @@ from modelyard.backends.base import (
     require_text,
     top_k_option,
 )
-from modelyard.manager.catalog import ModelSpec, resolve_source
+from modelyard.model_spec import ModelSpec
+from modelyard.sources import resolve_source
 
 
 class EmbeddingBackend:

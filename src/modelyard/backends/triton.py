@@ -18,7 +18,7 @@ import numpy as np
 
 from modelyard.backends.base import Output
 from modelyard.backends.tensors import DATATYPES, from_numpy, to_numpy
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelSpec
 
 
 class TritonBackend:

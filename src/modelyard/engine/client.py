@@ -1,28 +1,22 @@
-"""The API-process side of the engine worker: start it, talk to it, notice when it dies.
+"""The API-process side of the engine worker: start it, send it requests, route its outputs.
 
-`EngineCoreClient.start(config)` spawns `worker.run_engine_worker` (start method `spawn`), waits
-for `EngineReady`, then runs two background tasks on the event loop:
+`EngineCoreClient.start(config)` starts `worker.run_engine_worker` in a fresh interpreter with
+the worker's own environment (`worker.WORKER_ENVIRONMENT`, passed to the child only) and waits
+for `EngineReady`. The process itself (reader, watchdog, stop ladder) is a
+`transport.process.WorkerSupervisor`; this module adds what the messages mean:
 
-- the receiver: every `EngineOutputs` from the worker is split into its `EngineOutput`s, each
-  routed to the asyncio.Queue of its request (outputs of unknown ids are dropped: the request was
-  aborted or its consumer left); the latest `SchedulerStats` is kept;
-- the watchdog: every WATCH_INTERVAL_S it checks the process (exit code) and the time since the
-  last message (the worker sends a heartbeat at least every 0.5 s). On death every in-flight
-  request's queue receives an `EngineDeadError` and `is_alive` turns False.
-
-Nothing blocks the event loop: process start and join run in threads.
+- every `EngineOutputs` is split into its `EngineOutput`s, each put on the asyncio.Queue of its
+  request (outputs of unknown ids are dropped: the request was aborted or its consumer left);
+  the latest `SchedulerStats` is kept;
+- the worker sends at least one message every 0.5 s (a heartbeat when idle): after
+  `heartbeat_timeout_s` of silence, or when the process exits, every in-flight request's queue
+  receives an `EngineDeadError` and `is_alive` turns False.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import multiprocessing
-import os
-import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
 
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import (
@@ -39,53 +33,29 @@ from modelyard.engine.messages import (
     WorkerMessage,
 )
 from modelyard.engine.protocol import EngineDeadError
-from modelyard.engine.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, run_engine_worker
+from modelyard.engine.worker import (
+    COMMAND_CODEC,
+    WORKER_ENVIRONMENT,
+    WORKER_MESSAGE_CODEC,
+    run_engine_worker,
+)
 from modelyard.transport.base import AsyncConnection
+from modelyard.transport.process import (
+    InFlight,
+    ProcessHandle,
+    WorkerStartError,
+    WorkerSupervisor,
+)
+from modelyard.transport.spawn import start_process
 from modelyard.transport.zmq_ipc import AsyncZmqConnection, new_ipc_addresses
 
-logger = logging.getLogger(__name__)
-
-#: How often the watchdog looks at the worker (death is noticed within this plus a little).
+#: How often the watchdog looks at the worker (death is noticed within twice this, about).
 WATCH_INTERVAL_S = 0.2
 
 ClientConnection = AsyncConnection[EngineCommand, WorkerMessage]
 #: What a request's queue carries: its outputs, or the error that ended it.
 QueueItem = EngineOutput | EngineDeadError
 OutputQueue = asyncio.Queue[QueueItem]
-
-
-# Environment of the engine worker process (a value the user set wins):
-# - OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep at barriers instead of spinning. The API
-#   process, the engine and other workers share a few cores, and spinning threads starve them
-#   (a contended 32-decode step took 3.3 s spinning, 0.59 s passive).
-# - GLIBC_TUNABLES: freed tensors stay in malloc's heap instead of going back to the kernel, so
-#   the next step's same-sized tensors do not page-fault afresh (prefill steps ~15 % faster,
-#   decode steps ~4 %); the worker's RSS stays at its peak, as with tcmalloc. `hugetlb=1` asks
-#   for transparent huge pages on that heap (madvise; a no-op where THP is off): the KV cache is
-#   read in 4 KiB blocks scattered over a GiB, and with 2 MiB pages decode attention stops
-#   missing the TLB on every block (~18 % faster attention).
-WORKER_ENVIRONMENT = {
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "GLIBC_TUNABLES": (
-        "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296"
-        ":glibc.malloc.trim_threshold=17179869184"
-    ),
-}
-
-
-class WorkerHandle(Protocol):
-    """The part of multiprocessing.Process the client uses (tests pass a thread-backed fake)."""
-
-    @property
-    def exitcode(self) -> int | None: ...
-
-    def is_alive(self) -> bool: ...
-
-    def join(self, timeout: float | None = None) -> None: ...
-
-    def terminate(self) -> None: ...
-
-    def kill(self) -> None: ...
 
 
 class RequestStream:
@@ -117,23 +87,27 @@ class EngineCoreClient:
     def __init__(
         self,
         conn: ClientConnection,
-        process: WorkerHandle,
+        process: ProcessHandle,
         *,
         heartbeat_timeout_s: float = 30.0,
         on_close: Callable[[], None] | None = None,
     ) -> None:
         """Wrap an already started worker; call `wait_ready` next (or use `start`)."""
-        self._conn = conn
-        self._process = process
-        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._queues: InFlight[str, OutputQueue] = InFlight(_put_error)
+        self.worker: WorkerSupervisor[EngineCommand, WorkerMessage] = WorkerSupervisor(
+            conn,
+            process,
+            name="engine worker",
+            on_message=self._on_message,
+            in_flight=self._queues,
+            dead_error=lambda reason: EngineDeadError(f"engine worker is dead: {reason}"),
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            watch_interval_s=WATCH_INTERVAL_S,
+        )
         self._on_close = on_close
-        self._queues: dict[str, OutputQueue] = {}
         self._stats = SchedulerStats()
         self._ready: EngineReady | None = None
-        self._dead_reason: str | None = None
         self._closed = False
-        self._last_message = time.monotonic()
-        self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
     async def start(
@@ -143,19 +117,19 @@ class EngineCoreClient:
         ready_timeout_s: float = 600.0,
         heartbeat_timeout_s: float = 30.0,
     ) -> EngineCoreClient:
-        """Spawn the worker and wait until it is ready. Raises RuntimeError with the worker's
+        """Start the worker and wait until it is ready. Raises RuntimeError with the worker's
         error when it fails to start, exits, or does not get ready in time."""
         addresses = new_ipc_addresses("modelyard-engine")
         conn: AsyncZmqConnection[EngineCommand, WorkerMessage] = AsyncZmqConnection(
             addresses, COMMAND_CODEC, WORKER_MESSAGE_CODEC
         )
-        for name, value in WORKER_ENVIRONMENT.items():  # read by the spawned child at start
-            os.environ.setdefault(name, value)  # a value the user set wins
-        ctx = multiprocessing.get_context("spawn")
-        process = ctx.Process(
-            target=run_engine_worker, args=(config, addresses), name="modelyard-engine", daemon=True
-        )
-        await asyncio.to_thread(process.start)
+        try:
+            process = await start_process(
+                run_engine_worker, (config, addresses), env=WORKER_ENVIRONMENT, name="engine"
+            )
+        except BaseException:
+            conn.close()
+            raise
         client = cls(conn, process, heartbeat_timeout_s=heartbeat_timeout_s)
         try:
             await client.wait_ready(ready_timeout_s)
@@ -165,29 +139,11 @@ class EngineCoreClient:
         return client
 
     async def wait_ready(self, timeout_s: float) -> EngineReady:
-        """Wait for EngineReady, then start the receiver and the watchdog."""
-        deadline = time.monotonic() + timeout_s
-        while self._ready is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError(f"engine worker not ready after {timeout_s:.0f} s")
-            if not self._process.is_alive():
-                raise RuntimeError(f"engine worker exited with code {self._process.exitcode}")
-            try:
-                message = await asyncio.wait_for(
-                    self._conn.recv(), min(remaining, WATCH_INTERVAL_S)
-                )
-            except TimeoutError:
-                continue
-            if isinstance(message, EngineFailed):
-                raise RuntimeError(f"engine worker failed to start: {message.error}")
-            if isinstance(message, EngineReady):
-                self._ready = message
-        self._last_message = time.monotonic()
-        self._tasks = [
-            asyncio.create_task(self._receive_loop(), name="engine-client-recv"),
-            asyncio.create_task(self._watch_loop(), name="engine-client-watch"),
-        ]
+        """Wait for EngineReady (RuntimeError when the worker fails to start)."""
+        try:
+            self._ready = await self.worker.wait_ready(timeout_s, EngineReady, EngineFailed)
+        except WorkerStartError as exc:
+            raise RuntimeError(str(exc)) from None
         return self._ready
 
     @property
@@ -198,16 +154,16 @@ class EngineCoreClient:
 
     @property
     def is_alive(self) -> bool:
-        return self._ready is not None and self._dead_reason is None and not self._closed
+        return self.worker.is_alive
 
     @property
     def dead_reason(self) -> str | None:
         """Why the worker is considered dead (None while alive)."""
-        return self._dead_reason
+        return self.worker.dead_reason
 
     @property
     def pid(self) -> int | None:
-        return getattr(self._process, "pid", None)
+        return self.worker.pid
 
     def stats(self) -> SchedulerStats:
         """The latest scheduler snapshot from the worker (refreshed at least every 0.5 s)."""
@@ -226,29 +182,30 @@ class EngineCoreClient:
         if request.request_id in self._queues:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         queue = queue if queue is not None else asyncio.Queue()
-        self._queues[request.request_id] = queue
+        self._queues.add(request.request_id, queue)
         try:
-            await self._conn.send(request)
+            await self.worker.send(request)
         except BaseException:
-            self._queues.pop(request.request_id, None)
+            self._queues.pop(request.request_id)
             raise
         return RequestStream(request.request_id, queue)
 
     async def send(self, command: EngineCommand) -> None:
         """A command that needs no answer (e.g. DropLoRAs)."""
         self._check_alive()
-        await self._conn.send(command)
+        await self.worker.send(command)
 
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in the engine (it frees their KV blocks at the next step). Each request still
         in flight receives a final output with FinishReason.ABORT right away."""
-        queues = [(rid, self._queues.pop(rid)) for rid in request_ids if rid in self._queues]
-        for rid, queue in queues:
-            queue.put_nowait(
-                EngineOutput(request_id=rid, new_token_ids=[], finish_reason=FinishReason.ABORT)
-            )
+        for rid in request_ids:
+            queue = self._queues.pop(rid)
+            if queue is not None:
+                queue.put_nowait(
+                    EngineOutput(request_id=rid, new_token_ids=[], finish_reason=FinishReason.ABORT)
+                )
         if request_ids and self.is_alive:
-            await self._conn.send(AbortRequests(request_ids=list(request_ids)))
+            await self.worker.send(AbortRequests(request_ids=list(request_ids)))
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Ask the worker to exit, join it (terminate, then kill, if it does not), fail what is
@@ -256,61 +213,28 @@ class EngineCoreClient:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        if self._process.is_alive():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._conn.send(Shutdown()), 1.0)
-            await asyncio.to_thread(self._process.join, timeout_s)
-        for stop in (self._process.terminate, self._process.kill):
-            if not self._process.is_alive():
-                break
-            logger.warning("engine worker did not exit; %s", stop.__name__)
-            stop()
-            await asyncio.to_thread(self._process.join, 2.0)
-        self._fail_all(self._dead_reason or "engine shut down")
-        self._conn.close()
+        await self.worker.stop(Shutdown(), "engine shut down", timeout_s)
         if self._on_close is not None:
             self._on_close()
 
     def _check_alive(self) -> None:
-        if self._dead_reason is not None:
-            raise EngineDeadError(f"engine worker is dead: {self._dead_reason}")
+        if self.worker.dead_reason is not None:
+            raise EngineDeadError(f"engine worker is dead: {self.worker.dead_reason}")
         if self._closed or self._ready is None:
             raise EngineDeadError("engine is not running")
 
-    async def _receive_loop(self) -> None:
-        while True:
-            message = await self._conn.recv()
-            self._last_message = time.monotonic()
-            if not isinstance(message, EngineOutputs):
+    def _on_message(self, message: WorkerMessage) -> None:
+        if not isinstance(message, EngineOutputs):
+            return
+        self._stats = message.stats
+        for output in message.outputs:
+            queue = self._queues.get(output.request_id)
+            if queue is None:
                 continue
-            self._stats = message.stats
-            for output in message.outputs:
-                queue = self._queues.get(output.request_id)
-                if queue is None:
-                    continue
-                queue.put_nowait(output)
-                if output.finish_reason is not None:
-                    del self._queues[output.request_id]
+            queue.put_nowait(output)
+            if output.finish_reason is not None:
+                self._queues.pop(output.request_id)
 
-    async def _watch_loop(self) -> None:
-        while self._dead_reason is None:
-            await asyncio.sleep(WATCH_INTERVAL_S)
-            if not self._process.is_alive():
-                self._mark_dead(f"worker process exited with code {self._process.exitcode}")
-            elif time.monotonic() - self._last_message > self._heartbeat_timeout_s:
-                self._mark_dead(f"no message from the worker for {self._heartbeat_timeout_s} s")
 
-    def _mark_dead(self, reason: str) -> None:
-        logger.error("engine worker dead: %s (%d requests in flight)", reason, len(self._queues))
-        self._dead_reason = reason
-        for task in self._tasks:
-            if task is not asyncio.current_task():
-                task.cancel()
-        self._fail_all(reason)
-
-    def _fail_all(self, reason: str) -> None:
-        for queue in self._queues.values():
-            queue.put_nowait(EngineDeadError(f"engine worker is dead: {reason}"))
-        self._queues.clear()
+def _put_error(queue: OutputQueue, error: BaseException) -> None:
+    queue.put_nowait(error if isinstance(error, EngineDeadError) else EngineDeadError(str(error)))

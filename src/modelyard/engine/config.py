@@ -1,12 +1,18 @@
 """Configuration of one LLM engine: small frozen dataclasses, one per component.
 
-Each component receives only its own config. Validation raises ValueError (never assert).
+Each component receives only its own config. Limits are declared on the fields and checked on
+construction (config_parse.check_fields): ValueError, never assert. `EngineConfig.from_options`
+is the one way from flat options (a catalog entry's `options`, `modelyard.LLM(...)` keywords) to
+an EngineConfig, so every default lives here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from modelyard.config_parse import ConfigError, check_fields, from_mapping, setting
 
 Dtype = Literal["float32", "bfloat16"]
 Implementation = Literal["auto", "native", "generic"]
@@ -19,60 +25,59 @@ class ModelConfig:
     """A local HF folder (config.json + safetensors), a .gguf file, or
     `package:<python package>/<file inside it>` (resolved by runner.loader)."""
     dtype: Dtype = "float32"
-    max_model_len: int | None = None
+    max_model_len: int | None = setting(None, ge=16)
     """Context length; None takes the model's own (capped at 8192 on CPU)."""
     implementation: Implementation = "auto"
     """native = our paged Llama-family forward; generic = any AutoModelForCausalLM (slower);
     auto = native when the architecture is supported."""
-    num_threads: int | None = None
+    num_threads: int | None = setting(None, ge=1)
     """torch intra-op threads in the worker; None keeps torch's default (all cores)."""
-    device: str = "cpu"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.model:
-            raise ValueError("model must not be empty")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        if self.max_model_len is not None and self.max_model_len < 16:
-            raise ValueError("max_model_len must be >= 16")
-        if self.implementation not in ("auto", "native", "generic"):
-            raise ValueError(
-                f"implementation must be auto, native or generic: {self.implementation!r}"
-            )
+            raise ConfigError("model", "must not be empty")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CacheConfig:
-    block_size: int = 16
-    """Tokens per KV block."""
-    kv_cache_bytes: int = 512 * 1024**2
+    block_size: int = setting(16, ge=1)
+    """Tokens per KV block (a power of two)."""
+    kv_cache_bytes: int = setting(512 * 1024**2, ge=1)
     """Memory for the KV cache; the runner turns it into a number of blocks for the model."""
-    num_blocks: int | None = None
+    num_blocks: int | None = setting(None, ge=1)
     """Overrides kv_cache_bytes (tests use tiny values to force preemption)."""
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError("block_size must be a positive power of two")
-        if self.kv_cache_bytes <= 0:
-            raise ValueError("kv_cache_bytes must be positive")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError("num_blocks must be >= 1")
+        check_fields(self)
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError("block_size", "must be a power of two")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
+    max_num_seqs: int = setting(64, ge=1)
     """Most requests running in one step."""
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = setting(2048, ge=1)
     """Token budget per step (decodes count one each; prefill chunks fill the rest)."""
     enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1")
+        check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionConfig:
+    """The bounded waiting queue in the API process, in front of the engine (AsyncLLM)."""
+
+    max_waiting_requests: int = setting(256, ge=1)
+    """Calls accepted and not yet scheduled; more get EngineOverloadedError (429)."""
+    max_waiting_prompt_tokens: int = setting(256 * 1024, ge=1)
+    """Their prompt tokens together."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,71 +87,128 @@ class SpeculativeConfig:
     method: SpecMethod
     """ngram = prompt lookup (no model); draft = a second model sharing the tokenizer;
     self_draft = the target's own first `draft_layers` layers and its head."""
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = setting(4, ge=1)
     """Most tokens proposed per request and step (k)."""
     draft_model: str | None = None
     """method=draft: the draft's weights (a ModelConfig.model source)."""
-    draft_layers: int = 8
+    draft_layers: int = setting(8, ge=1)
     """method=self_draft: how many of the target's layers the draft runs."""
-    prompt_lookup_min: int = 2
+    prompt_lookup_min: int = setting(2, ge=1)
     """method=ngram: shortest suffix n-gram matched against the earlier tokens."""
-    prompt_lookup_max: int = 4
+    prompt_lookup_max: int = setting(4, ge=1)
     """method=ngram: longest suffix n-gram tried first."""
-    long_output_tokens: int = 64
+    long_output_tokens: int = setting(64, ge=0)
     """A request speculates by default when its max_tokens is None or at least this (the
     request's `speculate` overrides)."""
-    disable_by_batch_size: int = 8
+    disable_by_batch_size: int = setting(8, ge=1)
     """No request speculates in a step that starts with more running requests than this."""
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "draft", "self_draft"):
-            raise ValueError(
-                f"speculative method must be ngram, draft or self_draft, not {self.method}"
-            )
-        if self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be >= 1")
+        check_fields(self)
         if self.method == "draft" and not self.draft_model:
-            raise ValueError("speculative method 'draft' needs draft_model")
-        if self.draft_layers < 1:
-            raise ValueError("draft_layers must be >= 1")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
-        if self.long_output_tokens < 0:
-            raise ValueError("long_output_tokens must be >= 0")
-        if self.disable_by_batch_size < 1:
-            raise ValueError("disable_by_batch_size must be >= 1")
+            raise ConfigError("draft_model", "is needed by the speculative method 'draft'")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError("prompt_lookup_min", "must be <= prompt_lookup_max")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], where: str) -> SpeculativeConfig | None:
+        """The catalog's flat speculative options (`SPECULATIVE_OPTIONS`): None without
+        `draft`. `draft` is ngram, self, or another catalog LLM (whose source the catalog put
+        in `draft_source`)."""
+        draft = options.get("draft")
+        if draft is None:
+            return None
+        method: SpecMethod = {"ngram": "ngram", "self": "self_draft"}.get(str(draft), "draft")  # type: ignore[assignment]
+        if method == "draft" and "draft_source" not in options:
+            raise ConfigError(f"{where}.draft", f"{draft!r} is not a catalog LLM")
+        values = {
+            field: options[key] for key, field in SPECULATIVE_OPTIONS.items() if key in options
+        }
+        values["method"] = method
+        values["draft_model"] = options.get("draft_source") if method == "draft" else None
+        return from_mapping(cls, values, where)
+
+
+#: catalog option -> SpeculativeConfig field (`draft` and `draft_source` are read separately)
+SPECULATIVE_OPTIONS = {
+    "num_speculative_tokens": "num_speculative_tokens",
+    "draft_layers": "draft_layers",
+    "prompt_lookup_min": "prompt_lookup_min",
+    "prompt_lookup_max": "prompt_lookup_max",
+    "speculative_long_output_tokens": "long_output_tokens",
+    "speculative_disable_by_batch_size": "disable_by_batch_size",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoRAConfig:
     """Serving LoRA adapters on this model (runner.lora states the mechanism)."""
 
-    max_loras: int = 4
+    max_loras: int = setting(4, ge=1)
     """Most different adapters in one step (each has a slot in the stacked LoRA weights)."""
-    max_lora_rank: int = 16
+    max_lora_rank: int = setting(16, ge=1)
     """Largest rank an adapter may have (the width of a slot)."""
-    max_cpu_loras: int = 16
+    max_cpu_loras: int = setting(16, ge=1)
     """Most adapters kept loaded in memory (least recently used ones are dropped)."""
-    max_cpu_lora_bytes: int = 1024**3
+    max_cpu_lora_bytes: int = setting(1024**3, ge=1)
     """Memory for the loaded adapters' weights; least recently used ones are dropped first."""
 
     def __post_init__(self) -> None:
-        if self.max_loras < 1:
-            raise ValueError("max_loras must be >= 1")
-        if self.max_lora_rank < 1:
-            raise ValueError("max_lora_rank must be >= 1")
+        check_fields(self)
         if self.max_cpu_loras < self.max_loras:
-            raise ValueError("max_cpu_loras must be >= max_loras")
-        if self.max_cpu_lora_bytes < 1:
-            raise ValueError("max_cpu_lora_bytes must be positive")
+            raise ConfigError("max_cpu_loras", "must be >= max_loras")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], where: str) -> LoRAConfig | None:
+        """The catalog's flat LoRA options (`LORA_OPTIONS`): None when there is none."""
+        if not any(key in options for key in LORA_OPTIONS):
+            return None
+        fields_ = {f.name for f in fields(cls)}
+        return from_mapping(cls, {k: v for k, v in options.items() if k in fields_}, where)
+
+
+#: catalog options that turn LoRA on; `lora_modules` ({name: folder}) is read by the API
+#: process's adapter registry, the others are LoRAConfig fields
+LORA_OPTIONS = ("lora_modules", "max_loras", "max_lora_rank", "max_cpu_loras", "max_cpu_lora_bytes")
+_EXTENSION_OPTIONS = frozenset({"draft", "draft_source", *SPECULATIVE_OPTIONS, *LORA_OPTIONS})
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     model: ModelConfig
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = setting(factory=CacheConfig)
+    scheduler: SchedulerConfig = setting(factory=SchedulerConfig)
+    admission: AdmissionConfig = setting(factory=AdmissionConfig)
     speculative: SpeculativeConfig | None = None
     """None: no speculative decoding."""
     lora: LoRAConfig | None = None
     """None: requests may not name a LoRA adapter."""
+
+    @classmethod
+    def from_options(
+        cls, model: str, options: Mapping[str, Any], where: str = "engine options"
+    ) -> EngineConfig:
+        """Flat options (`dtype`, `kv_cache_bytes`, `max_num_seqs`, ...: any field of the four
+        sections, and the speculative and LoRA options) sorted into their sections;
+        ConfigError for an unknown or invalid one."""
+        sections = {
+            "cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+            "admission": AdmissionConfig,
+        }
+        owner = {f.name: name for name, c in sections.items() for f in fields(c)}
+        owner.update({f.name: "model" for f in fields(ModelConfig) if f.name != "model"})
+        unknown = sorted(set(options) - set(owner) - _EXTENSION_OPTIONS)
+        if unknown:
+            known = sorted({*owner, *_EXTENSION_OPTIONS} - {"draft_source"})
+            raise ConfigError(where, f"unknown key(s) {unknown} (known: {known})")
+        parts: dict[str, dict[str, Any]] = {name: {} for name in ("model", *sections)}
+        for key, value in options.items():
+            if key in owner:
+                parts[owner[key]][key] = value
+        return cls(
+            model=from_mapping(ModelConfig, {"model": model, **parts["model"]}, where),
+            **{name: from_mapping(c, parts[name], where) for name, c in sections.items()},
+            speculative=SpeculativeConfig.from_options(options, where),
+            lora=LoRAConfig.from_options(options, where),
+        )

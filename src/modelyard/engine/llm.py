@@ -3,38 +3,28 @@
 Unlike the server's AsyncLLM, this runs the engine core in the calling process: no worker
 process, no IPC, no event loop. All prompts are queued at once and the core steps until every
 request finished, so continuous batching, the prefix cache and chunked prefill work exactly as
-in the server. Text comes from the same incremental detokenizer (stop strings included), so
-offline and served outputs agree. Blocking by design; do not call it from an event loop.
+in the server. Fan-out, text and stop strings come from the same output processor
+(engine/output_processor.py), so offline and served outputs agree. Blocking by design; do not
+call it from an event loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import msgspec
-
-from modelyard.engine.async_llm import check_prompt_length, load_tokenizer
-from modelyard.engine.config import (
-    CacheConfig,
-    Dtype,
-    EngineConfig,
-    Implementation,
-    LoRAConfig,
-    ModelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
+from modelyard.engine.config import EngineConfig, LoRAConfig, SpeculativeConfig
+from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats
+from modelyard.engine.output_processor import (
+    RequestState,
+    check_prompt_length,
+    load_tokenizer,
+    prompt_ids,
+    render_chat,
 )
-from modelyard.engine.detokenizer import IncrementalDetokenizer
-from modelyard.engine.messages import (
-    EngineOutput,
-    EngineRequest,
-    FinishReason,
-    LoRARequest,
-    SchedulerStats,
-)
-from modelyard.engine.protocol import Tokenizer
+from modelyard.engine.protocol import RequestOutput, Tokenizer
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -72,47 +62,29 @@ class GenerationResult:
         return self.completions[0].finish_reason
 
 
-@dataclass(slots=True)
-class _Live:
-    result: GenerationResult
-    completion: Completion
-    detokenizer: IncrementalDetokenizer
-
-
 class LLM:
-    """An engine in this process. Options are those of ModelConfig / CacheConfig /
-    SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`), and
-    `speculative` / `lora` (a SpeculativeConfig / LoRAConfig, or a dict of its fields)."""
+    """An engine in this process. Options are the fields of ModelConfig / CacheConfig /
+    SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`), read by
+    `EngineConfig.from_options` as a catalog entry's are (ValueError for an unknown one), plus
+    `speculative` / `lora`: a SpeculativeConfig / LoRAConfig or a dict of its fields."""
 
     def __init__(
         self,
         model: str,
         *,
-        dtype: Dtype = "float32",
-        max_model_len: int | None = None,
-        implementation: Implementation = "auto",
-        num_threads: int | None = None,
         speculative: SpeculativeConfig | dict[str, Any] | None = None,
         lora: LoRAConfig | dict[str, Any] | None = None,
-        **engine_options: Any,
+        **options: Any,
     ) -> None:
         from modelyard.engine.core import EngineCore
         from modelyard.runner.model_runner import ModelRunner
 
-        model_config = ModelConfig(
-            model=model,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            implementation=implementation,
-            num_threads=num_threads,
-        )
         if isinstance(speculative, dict):
             speculative = SpeculativeConfig(**speculative)
         if isinstance(lora, dict):
             lora = LoRAConfig(**lora)
-        self.config = EngineConfig(
-            model=model_config, speculative=speculative, lora=lora, **_split_options(engine_options)
-        )
+        config = EngineConfig.from_options(model, options)
+        self.config = dataclasses.replace(config, speculative=speculative, lora=lora)
         self.runner = ModelRunner(self.config.model, self.config.cache, speculative, lora)
         self.core = EngineCore(self.config, self.runner)
         self.tokenizer: Tokenizer = load_tokenizer(self.runner.tokenizer_path)
@@ -137,33 +109,26 @@ class LLM:
         items: list[str | list[int]] = (
             [prompts] if isinstance(prompts, str) else [_as_prompt(p) for p in prompts]
         )
-        results: list[GenerationResult] = []
-        requests: list[EngineRequest] = []
-        live: dict[str, _Live] = {}
+        states: list[RequestState] = []
         for i, prompt in enumerate(items):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-            if not ids:
-                raise ValueError(f"prompt {i} is empty")
+            try:
+                ids = prompt_ids(self.tokenizer, prompt)
+            except ValueError as exc:
+                raise ValueError(f"prompt {i}: {exc}") from None
             check_prompt_length(len(ids), params.max_tokens, self.max_model_len)
-            result = GenerationResult(prompt=prompt, prompt_token_ids=ids, completions=[])
-            results.append(result)
-            for j in range(params.n):
-                seed = None if params.seed is None else params.seed + j
-                request_id = f"{i}-{j}"
-                sub = msgspec.structs.replace(params, n=1, seed=seed)
-                requests.append(
-                    EngineRequest(
-                        request_id=request_id, prompt_token_ids=ids, sampling_params=sub, lora=lora
-                    )
-                )
-                completion = Completion()
-                result.completions.append(completion)
-                live[request_id] = _Live(
-                    result, completion, IncrementalDetokenizer(self.tokenizer, ids, sub)
-                )
-        for request in requests:
-            self.core.add_request(request)
-        self._run(live)
+            states.append(RequestState(str(i), ids, params, self.tokenizer))
+        results = [
+            GenerationResult(
+                prompt=prompt,
+                prompt_token_ids=state.prompt_ids,
+                completions=[Completion() for _ in range(params.n)],
+            )
+            for prompt, state in zip(items, states, strict=True)
+        ]
+        for state in states:
+            for request in state.engine_requests(lora=lora):
+                self.core.add_request(request)
+        self._run(states, results)
         return results
 
     def chat(
@@ -179,64 +144,45 @@ class LLM:
             if conversations and isinstance(conversations[0], dict)
             else conversations
         )
-        render = cast(Any, self.tokenizer).apply_chat_template
         prompts = [
-            self.tokenizer.encode(
-                str(render(list(messages), tokenize=False, add_generation_prompt=True)),
-                add_special_tokens=False,
-            )
+            render_chat(self.tokenizer, messages)
             for messages in cast(Sequence[Sequence[dict[str, str]]], batch)
         ]
         return self.generate(prompts, params, lora)
 
-    def _run(self, live: dict[str, _Live]) -> None:
+    def _run(self, states: list[RequestState], results: list[GenerationResult]) -> None:
         """Step the core until every request finished (stop strings abort theirs)."""
+        owner = {
+            engine_id: (state, result)
+            for state, result in zip(states, results, strict=True)
+            for engine_id in state.unfinished_ids()
+        }
         while self.core.has_unfinished_requests():
-            to_abort = [
-                output.request_id
-                for output in self.core.step()
-                if output.request_id in live and self._apply(live, output)
-            ]
+            to_abort: list[str] = []
+            for output in self.core.step():
+                if output.request_id not in owner:
+                    continue
+                state, result = owner[output.request_id]
+                update = state.process([output])
+                if update is not None:
+                    _record(result, update)
+                to_abort += state.take_stopped()
             if to_abort:
                 self.core.abort_requests(to_abort)
 
-    @staticmethod
-    def _apply(live: dict[str, _Live], output: EngineOutput) -> bool:
-        """Record one output; True when a stop string ended a request the core still runs."""
-        entry = live[output.request_id]
-        completion = entry.completion
-        entry.result.num_cached_tokens = max(
-            entry.result.num_cached_tokens, output.num_cached_tokens
-        )
-        finish = output.finish_reason
-        delta = entry.detokenizer.update(output.new_token_ids, finished=finish is not None)
-        completion.token_ids.extend(output.new_token_ids[: delta.num_tokens])
+
+def _record(result: GenerationResult, update: RequestOutput) -> None:
+    """Add one step's deltas to the completions they belong to."""
+    result.num_cached_tokens = update.num_cached_tokens
+    for delta in update.deltas:
+        completion = result.completions[delta.index]
         completion.text += delta.text
-        completion.stop_reason = output.stop_reason
-        completion.error = output.error
-        if delta.stop_string is not None:
-            completion.stop_reason = delta.stop_string
-            completion.finish_reason = FinishReason.STOP
-            del live[output.request_id]
-            return finish is None
-        if finish is not None:
-            completion.finish_reason = finish
-            del live[output.request_id]
-        return False
+        completion.token_ids.extend(delta.token_ids)
+        completion.error = delta.error
+        if delta.finish_reason is not None:
+            completion.finish_reason = delta.finish_reason
+            completion.stop_reason = delta.stop_reason
 
 
 def _as_prompt(prompt: str | Sequence[int]) -> str | list[int]:
     return prompt if isinstance(prompt, str) else [int(t) for t in prompt]
-
-
-def _split_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Sort flat keyword options into CacheConfig / SchedulerConfig; ValueError on unknown."""
-    cache_fields = set(CacheConfig.__dataclass_fields__)
-    scheduler_fields = set(SchedulerConfig.__dataclass_fields__)
-    unknown = set(options) - cache_fields - scheduler_fields
-    if unknown:
-        raise ValueError(f"unknown engine options: {sorted(unknown)}")
-    return {
-        "cache": CacheConfig(**{k: v for k, v in options.items() if k in cache_fields}),
-        "scheduler": SchedulerConfig(**{k: v for k, v in options.items() if k in scheduler_fields}),
-    }

@@ -1,8 +1,8 @@
 """The engine worker process: builds the model runner and the engine core, then serves.
 
-`run_engine_worker` is the process entry (a top-level function, safe for the `spawn` start
-method). It connects to the API process's IPC sockets, loads the model, sends `EngineReady`
-(or `EngineFailed` and exits 1), then runs `serve`:
+`run_engine_worker` is the process entry (a top-level function: the client pickles it to a fresh
+interpreter, transport/spawn.py). It connects to the API process's IPC sockets, loads the model,
+sends `EngineReady` (or `EngineFailed` and exits 1), then runs `serve`:
 
     drain every pending command (non-blocking)
     -> if there is work: core.step(), send EngineOutputs(outputs, stats)
@@ -51,6 +51,22 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 0.5
 #: Longest block on the command socket while idle.
 IDLE_POLL_S = 0.05
+
+#: Environment the engine worker process starts with (a value the user set wins); the client
+#: passes it to the child only (transport/spawn.py). docs/benchmarks.md has the measurements.
+#: - OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep at barriers instead of spinning; the API
+#:   process, the engine and other workers share a few cores, and spinning threads starve them.
+#: - GLIBC_TUNABLES (read by glibc before Python starts): freed tensors stay in malloc's heap, so
+#:   the next step's same-sized tensors do not page-fault afresh (the worker's RSS stays at its
+#:   peak, as with tcmalloc); `hugetlb=1` asks for transparent huge pages on that heap, so decode
+#:   attention, which reads the KV cache in blocks scattered over a GiB, misses the TLB less.
+WORKER_ENVIRONMENT = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "GLIBC_TUNABLES": (
+        "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296"
+        ":glibc.malloc.trim_threshold=17179869184"
+    ),
+}
 
 COMMAND_CODEC: Codec[EngineCommand] = Codec(EngineCommand)
 WORKER_MESSAGE_CODEC: Codec[WorkerMessage] = Codec(WorkerMessage)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-from typing import Any
 
 from modelyard.gateway.config import GatewayConfig
 from modelyard.gateway.gateway import open_key_store
@@ -41,13 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _store(args: argparse.Namespace) -> KeyStore:
-    section: dict[str, Any] = {}
-    if args.config:
-        import yaml
+    from modelyard.config import load_config
 
-        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
-        section = loaded.get("gateway") or {}
-    return open_key_store(GatewayConfig.from_dict(section), sqlite_path=args.db)
+    gateway = load_config(args.config).gateway if args.config else GatewayConfig()
+    return open_key_store(gateway, sqlite_path=args.db)
 
 
 def _create(store: KeyStore, args: argparse.Namespace) -> int:

@@ -1,8 +1,5 @@
-"""Gateway rejections written straight to ASGI `send`, in the envelope of the request's protocol.
-
-Paths under /v2 (KServe v2) get `{"error": "..."}`; everything else gets the OpenAI error object
-`{"error": {"message", "type", "param", "code"}}`.
-"""
+"""Gateway rejections written straight to ASGI `send`, in the envelope of the request's protocol
+(`modelyard.error_envelopes`)."""
 
 from __future__ import annotations
 
@@ -11,6 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from starlette.types import Scope, Send
+
+from modelyard.error_envelopes import error_body as envelope
+from modelyard.error_envelopes import send_error_body
 
 
 @dataclass(eq=False)
@@ -42,25 +42,14 @@ def unavailable(message: str) -> GatewayError:
 
 
 def error_body(path: str, error: GatewayError) -> bytes:
-    if path.startswith("/v2/") or path == "/v2":
-        return json.dumps({"error": error.message}).encode()
-    payload = {
-        "error": {
-            "message": error.message,
-            "type": error.err_type,
-            "param": error.param,
-            "code": error.code,
-        }
-    }
-    return json.dumps(payload).encode()
+    body = envelope(path, error.message, type=error.err_type, param=error.param, code=error.code)
+    return json.dumps(body).encode()
 
 
 async def send_error(
     scope: Scope, send: Send, error: GatewayError, extra: Iterable[tuple[str, str]] = ()
 ) -> None:
     """Write the whole error response."""
-    body = error_body(scope.get("path", ""), error)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in (*error.headers, *extra)]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    path = scope.get("path", "")
+    body = envelope(path, error.message, type=error.err_type, param=error.param, code=error.code)
+    await send_error_body(send, error.status, body, (*error.headers, *extra))

@@ -54,14 +54,13 @@ from modelyard.gateway.errors import GatewayError, forbidden
 from modelyard.gateway.ticket import TICKET_SCOPE_KEY, Ticket
 from modelyard.manager.base import (
     Lease,
-    ModelKind,
     ModelLoadError,
     ModelNotFoundError,
     ModelProvider,
     ModelUnavailableError,
     Predictor,
 )
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 log = logging.getLogger("modelyard.gateway")
 

@@ -7,28 +7,11 @@ and evicts idle LRU models to stay inside its byte budget. Tests use small in-pr
 
 from __future__ import annotations
 
-import enum
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from modelyard.engine.protocol import LLMClient
-
-if TYPE_CHECKING:
-    from modelyard.manager.catalog import ModelSpec
-
-
-class ModelKind(enum.StrEnum):
-    CHAT = "chat"  # LLM with a chat template (/v1/chat/completions and /v1/completions)
-    COMPLETION = "completion"  # LLM without a chat template (/v1/completions)
-    EMBEDDING = "embedding"
-    TEXT_CLASSIFICATION = "text-classification"
-    ZERO_SHOT_CLASSIFICATION = "zero-shot-classification"
-    IMAGE_CLASSIFICATION = "image-classification"
-    TENSOR = "tensor"  # generic named tensors in and out (ONNX, Triton)
-
-    @property
-    def is_llm(self) -> bool:
-        return self in (ModelKind.CHAT, ModelKind.COMPLETION)
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class ModelNotFoundError(LookupError):

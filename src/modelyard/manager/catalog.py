@@ -7,25 +7,23 @@
 - the textbook's `models.json`: a list of `{id, name, type, framework, version, description}`
   (type -> kind, framework -> backend).
 
-A source is a local folder or file, `package:<python package>/<file inside it>`, or a
-package-provided model key (e.g. `efficientnet-lite0`). Sources come from the operator's catalog
-only; nothing a request sends is ever used as a path.
+An entry's fields are `modelyard.model_spec.ModelSpec`; its source is resolved by
+`modelyard.sources` (or is a package-provided model key such as `efficientnet-lite0`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from modelyard.manager.base import ModelKind, ModelNotFoundError
+from modelyard.config_parse import from_mapping
+from modelyard.manager.base import ModelNotFoundError
+from modelyard.model_spec import ModelKind, ModelSpec
 
 DEFAULT_CATALOG_PATH = Path(__file__).with_name("default_catalog.yaml")
 
@@ -51,55 +49,6 @@ _TEXTBOOK_BACKENDS = {
     "onnxruntime": "onnx",
     "triton": "triton",
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchingConfig:
-    """Dynamic batching of a non-LLM model's requests inside its worker."""
-
-    max_batch_size: int = 8  # most items joined into one backend call
-    max_queue_delay_ms: float = 5.0  # longest an item waits for others to join its batch
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if self.max_queue_delay_ms < 0:
-            raise ValueError("max_queue_delay_ms must be >= 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    """One catalog entry."""
-
-    id: str  # unique, URL-safe identifier (what /predict's model_id and /v2/models/{name} use)
-    name: str = ""  # human-readable name, also accepted in requests ("" = the id)
-    aliases: tuple[str, ...] = ()  # other names accepted in requests
-    kind: ModelKind = ModelKind.TENSOR  # what the model does; fixes the request/response shape
-    backend: str = "transformers"  # which backend serves it (backends.create_backend picks it)
-    source: str = ""  # local folder/file, GGUF file, `package:<pkg>/<file>`, or a model key
-    version: str = "1"  # reported by /models and the KServe metadata
-    description: str = ""  # free text for /models
-    memory_estimate_bytes: int | None = None  # overrides the estimate from the source's size
-    pin: bool = False  # never evicted (and loaded at start)
-    keep_alive_s: float | None = None  # unload after this long idle (None = manager default)
-    batching: BatchingConfig = field(default_factory=BatchingConfig)  # dynamic batching
-    preload: bool = False  # load at manager start (the server reports ready after)
-    options: Mapping[str, Any] = field(default_factory=dict)  # backend / engine options
-
-    def __post_init__(self) -> None:
-        if not self.id or "/" in self.id or self.id.strip() != self.id:
-            raise ValueError(f"model id must be non-empty, without '/' or spaces: {self.id!r}")
-        if not self.name:
-            object.__setattr__(self, "name", self.id)
-        if self.memory_estimate_bytes is not None and self.memory_estimate_bytes <= 0:
-            raise ValueError(f"{self.id}: memory_estimate_bytes must be positive")
-        if self.keep_alive_s is not None and self.keep_alive_s <= 0:
-            raise ValueError(f"{self.id}: keep_alive_s must be positive")
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every name a request may use for this model."""
-        return (self.id, self.name, *self.aliases)
 
 
 class Catalog:
@@ -151,24 +100,12 @@ class Catalog:
 
 def spec_from_dict(raw: Mapping[str, Any]) -> ModelSpec:
     """One entry of either catalog shape -> ModelSpec (ValueError on a bad entry)."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"a catalog entry is a mapping, not {type(raw).__name__}")
     data = dict(raw)
     if "type" in data or "framework" in data:
         data = _from_textbook(data)
-    unknown = set(data) - set(ModelSpec.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"{data.get('id')!r}: unknown catalog fields {sorted(unknown)}")
-    try:
-        data["kind"] = ModelKind(data.get("kind", ModelKind.TENSOR))
-    except ValueError as exc:
-        raise ValueError(f"{data.get('id')!r}: unknown kind {data.get('kind')!r}") from exc
-    data["aliases"] = tuple(data.get("aliases") or ())
-    data["batching"] = BatchingConfig(**(data.get("batching") or {}))
-    data["options"] = dict(data.get("options") or {})
-    if "id" in data:
-        data["id"] = str(data["id"])
-    if "version" in data:
-        data["version"] = str(data["version"])
-    return ModelSpec(**data)
+    return from_mapping(ModelSpec, data, f"models.{data.get('id')}")
 
 
 def _from_textbook(data: dict[str, Any]) -> dict[str, Any]:
@@ -195,33 +132,3 @@ def load_catalog(path: str | None) -> Catalog:
     text = file.read_text(encoding="utf-8")
     raw = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
     return parse_catalog(raw)
-
-
-def package_dir(package: str) -> Path:
-    """An installed package's folder, found without importing it (some packages import heavy
-    dependencies in __init__)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def resolve_source(source: str) -> Path:
-    """`package:<pkg>/<file>` or a local path -> an existing path (FileNotFoundError if not)."""
-    if source.startswith("package:"):
-        package, _, inner = source.removeprefix("package:").partition("/")
-        path = package_dir(package) / inner
-    else:
-        path = Path(os.path.expanduser(source))
-    if not path.exists():
-        raise FileNotFoundError(f"model source {source!r} does not exist ({path})")
-    return path
-
-
-def cache_dir() -> Path:
-    """Where derived artifacts (ONNX exports) are cached: $MODELYARD_CACHE_DIR or
-    ~/.cache/modelyard (the same root as the GGUF conversions)."""
-    root = os.environ.get("MODELYARD_CACHE_DIR") or os.path.expanduser("~/.cache/modelyard")
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path

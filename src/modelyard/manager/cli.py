@@ -9,8 +9,10 @@ import json
 import sys
 
 from modelyard.backends import BACKENDS
-from modelyard.manager.catalog import Catalog, ModelSpec, load_catalog, resolve_source
+from modelyard.manager.catalog import Catalog, load_catalog
 from modelyard.manager.loaders import estimate_bytes
+from modelyard.model_spec import ModelSpec
+from modelyard.sources import resolve_source
 
 _PACKAGED_KEYS = {"efficientnet-lite0"}
 

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from modelyard.engine.protocol import LLMClient
-from modelyard.manager.base import ModelKind, ModelLoadError, Predictor
-from modelyard.manager.catalog import ModelSpec
+from modelyard.manager.base import ModelLoadError, Predictor
 from modelyard.manager.loaders import LLMModel
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class State(enum.StrEnum):

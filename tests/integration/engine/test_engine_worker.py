@@ -144,10 +144,10 @@ async def test_kill_9_fails_every_caller_within_2s_and_a_new_engine_starts(
     assert outs[-1].finished
     client = fresh.engine_client
     pid = client.pid
-    sockets = client._conn.addresses  # type: ignore[attr-defined]
+    sockets = client.worker.conn.addresses  # type: ignore[attr-defined]
     await fresh.shutdown()
     await fresh.shutdown()  # idempotent
-    assert client._process.exitcode == 0  # type: ignore[attr-defined]
+    assert client.worker.exitcode == 0
     assert pid is not None
     assert not psutil.pid_exists(pid)
     assert not Path(sockets.to_worker.removeprefix("ipc://")).exists()  # noqa: ASYNC240

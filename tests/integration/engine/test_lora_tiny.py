@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from acceptance_helpers import BLOCK_SIZE, random_corpus, tiny_model
-from lora_helpers import MergedReference, lora_request, make_adapter
 
+from lora_helpers import MergedReference, lora_request, make_adapter
 from modelyard.engine.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig
 from modelyard.engine.core import EngineCore
 from modelyard.engine.messages import EngineRequest, LoRARequest

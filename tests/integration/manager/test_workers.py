@@ -15,7 +15,8 @@ from manager_triton import start_triton
 
 from modelyard.manager.base import ModelUnavailableError
 from modelyard.manager.catalog import Catalog, spec_from_dict
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.config import ManagerConfig
+from modelyard.manager.manager import Manager
 from modelyard.observability import metrics
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # $MODELYARD_CACHE_DIR/converted, as default_cache_dir() lays it out
+    # $MODELYARD_CACHE_DIR/converted, as resolve_model lays it out (sources.cache_dir)
     return tmp_path_factory.mktemp("cache") / "converted"
 
 

@@ -19,8 +19,8 @@ from modelyard.engine.protocol import (
     RequestOutput,
 )
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.manager.base import ModelKind, ModelNotFoundError
-from modelyard.manager.catalog import ModelSpec
+from modelyard.manager.base import ModelNotFoundError
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class CharTokenizer:

@@ -16,8 +16,8 @@ from modelyard.engine.messages import SchedulerStats
 from modelyard.gateway.config import GatewayConfig
 from modelyard.gateway.gateway import build_gateway
 from modelyard.gateway.keys import KeyRecord, hash_key, new_record
-from modelyard.manager.base import ModelKind, ModelLoadError, ModelNotFoundError
-from modelyard.manager.catalog import ModelSpec
+from modelyard.manager.base import ModelLoadError, ModelNotFoundError
+from modelyard.model_spec import ModelKind, ModelSpec
 
 TENSOR_METADATA = {
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
@@ -178,6 +178,6 @@ class MemoryKeys:
 
 def path_app(provider: CatalogProvider, keys: MemoryKeys, gateway: dict[str, Any]) -> Any:
     """The real app (routes, gateway, request path) over the fakes, auth on."""
-    config = ModelyardConfig(gateway=gateway)
-    parts = build_gateway(GatewayConfig.from_dict(gateway), key_store=keys, auth=True)
+    config = ModelyardConfig(gateway=GatewayConfig.from_dict(gateway))
+    parts = build_gateway(config.gateway, key_store=keys, auth=True)
     return build_app(provider, config, gateway=parts)  # type: ignore[arg-type]

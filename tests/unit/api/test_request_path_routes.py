@@ -13,8 +13,7 @@ import pytest
 from api_fakes import make_client
 from path_fakes import CatalogProvider, FakePredictor, MemoryKeys, path_app
 
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit
 

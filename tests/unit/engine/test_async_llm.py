@@ -6,6 +6,7 @@ from fake_engine import FakeCore, ThreadWorker, start_fake_client
 from tiny_tokenizer import build_tokenizer
 
 from modelyard.engine.async_llm import AsyncLLM
+from modelyard.engine.config import AdmissionConfig
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.protocol import (
     EngineDeadError,
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.unit
 
 async def make_llm(core: FakeCore, **limits: int) -> tuple[AsyncLLM, ThreadWorker]:
     client, worker = await start_fake_client(core)
-    llm = AsyncLLM(client, build_tokenizer(), model_name="fake", **limits)
+    admission = AdmissionConfig(**limits)
+    llm = AsyncLLM(client, build_tokenizer(), model_name="fake", admission=admission)
     return llm, worker
 
 

@@ -41,8 +41,8 @@ from modelyard.gateway.request_path import (
     runs_model,
 )
 from modelyard.gateway.router import build_router
-from modelyard.manager.base import ModelKind, ModelLoadError
-from modelyard.manager.catalog import ModelSpec
+from modelyard.manager.base import ModelLoadError
+from modelyard.model_spec import ModelKind, ModelSpec
 
 ISSUER = "https://idp.test"
 AUDIENCE = "modelyard"

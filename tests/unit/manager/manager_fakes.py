@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import Catalog, ModelSpec
+from modelyard.manager.catalog import Catalog
+from modelyard.model_spec import ModelKind, ModelSpec
 
 MB = 1024 * 1024
 

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.manager.base import ModelKind, ModelNotFoundError
-from modelyard.manager.catalog import load_catalog, parse_catalog, resolve_source
+from modelyard.manager.base import ModelNotFoundError
+from modelyard.manager.catalog import load_catalog, parse_catalog
+from modelyard.model_spec import ModelKind
+from modelyard.sources import resolve_source
 
 pytestmark = pytest.mark.unit
 
@@ -58,9 +60,9 @@ def test_textbook_models_json_still_loads(tmp_path: Path) -> None:
 
 
 def test_bad_entries_are_value_errors() -> None:
-    with pytest.raises(ValueError, match="unknown kind"):
+    with pytest.raises(ValueError, match="kind: must be one of"):
         parse_catalog([{"id": "x", "kind": "teleport"}])
-    with pytest.raises(ValueError, match="unknown catalog fields"):
+    with pytest.raises(ValueError, match=r"models.x: unknown key\(s\) \['colour'\]"):
         parse_catalog([{"id": "x", "colour": "red"}])
     with pytest.raises(ValueError, match="used by both"):
         parse_catalog([{"id": "x", "aliases": ["y"]}, {"id": "y"}])

@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 
+from modelyard.engine.config import AdmissionConfig
 from modelyard.engine.messages import SchedulerStats
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import Catalog, ModelSpec
-from modelyard.manager.loaders import LLMModel, admission_limits_for, engine_config_for
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.catalog import Catalog
+from modelyard.manager.config import ManagerConfig
+from modelyard.manager.loaders import LLMModel, engine_config_for
+from modelyard.manager.manager import Manager
+from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit
 
@@ -93,11 +95,10 @@ def test_engine_options_come_from_the_catalog() -> None:
 
 def test_admission_limits_and_unknown_engine_options() -> None:
     spec = chat_spec(options={"max_waiting_requests": 4, "max_waiting_prompt_tokens": 900})
-    assert admission_limits_for(spec) == {
-        "max_waiting_requests": 4,
-        "max_waiting_prompt_tokens": 900,
-    }
-    assert admission_limits_for(chat_spec()) == {}
+    assert engine_config_for(spec).admission == AdmissionConfig(
+        max_waiting_requests=4, max_waiting_prompt_tokens=900
+    )
+    assert engine_config_for(chat_spec()).admission == AdmissionConfig()
     with pytest.raises(ValueError, match="max_num_seq"):
         engine_config_for(chat_spec(options={"max_num_seq": 8}))
 

@@ -6,8 +6,9 @@ import pytest
 from manager_fakes import MB, FakeLoader, make_catalog
 
 from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
+from modelyard.manager.config import ManagerConfig
 from modelyard.manager.entries import State
-from modelyard.manager.manager import Manager, ManagerConfig
+from modelyard.manager.manager import Manager
 from modelyard.observability import metrics
 
 pytestmark = pytest.mark.unit

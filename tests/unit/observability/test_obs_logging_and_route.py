@@ -12,17 +12,17 @@ from modelyard.gateway.base import USAGE_SCOPE_KEY, RequestUsage
 from modelyard.observability.collectors import register_engine_stats_source
 from modelyard.observability.logging import (
     ACCESS_LOGGER,
-    REQUEST_ID_SCOPE_KEY,
     AccessLogMiddleware,
     JsonFormatter,
     TextFormatter,
 )
+from modelyard.observability.request_id import REQUEST_ID_SCOPE_KEY, RequestIdMiddleware
 from modelyard.observability.routes import router
 
 pytestmark = pytest.mark.unit
 
 
-def make_app(log_bodies: bool = False) -> AccessLogMiddleware:
+def make_app(log_bodies: bool = False) -> RequestIdMiddleware:
     app = FastAPI()
     app.include_router(router)
 
@@ -32,7 +32,7 @@ def make_app(log_bodies: bool = False) -> AccessLogMiddleware:
         request.scope[USAGE_SCOPE_KEY] = RequestUsage(model="tiny-llm")
         return {"rid": request.scope[REQUEST_ID_SCOPE_KEY]}
 
-    return AccessLogMiddleware(app, log_bodies=log_bodies)
+    return RequestIdMiddleware(AccessLogMiddleware(app, log_bodies=log_bodies))
 
 
 async def test_access_log_carries_the_request_id(caplog: pytest.LogCaptureFixture) -> None:

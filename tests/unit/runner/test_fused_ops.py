@@ -14,6 +14,8 @@ from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.models import llama
 
+pytestmark = pytest.mark.unit
+
 TOL = {"atol": 2e-6, "rtol": 2e-6}
 
 

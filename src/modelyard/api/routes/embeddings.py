@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from modelyard.api.errors import APIError
-from modelyard.backends.inputs import as_list
+from modelyard.api.inputs import as_list
 from modelyard.gateway.request_path import (
     Demand,
     PredictorLease,
@@ -26,7 +26,7 @@ from modelyard.gateway.request_path import (
     declared_bytes,
     runs_model,
 )
-from modelyard.manager.base import ModelKind
+from modelyard.model_spec import ModelKind
 
 router = APIRouter()
 

@@ -26,13 +26,13 @@ from fastapi.responses import JSONResponse
 
 import modelyard
 from modelyard.api.errors import APIError
-from modelyard.api.listing import visible_catalog
-from modelyard.backends.kserve import (
+from modelyard.api.kserve_format import (
     default_metadata,
     items_from_request,
     outputs_to_tensors,
     parse_infer_body,
 )
+from modelyard.api.listing import visible_catalog
 from modelyard.gateway.request_path import (
     Demand,
     PredictorLease,
@@ -42,7 +42,7 @@ from modelyard.gateway.request_path import (
     runs_model,
     ticket_of,
 )
-from modelyard.manager.base import ModelKind
+from modelyard.model_spec import ModelKind
 
 router = APIRouter()
 

@@ -21,6 +21,7 @@ from starlette.responses import PlainTextResponse
 
 from modelyard.api.errors import APIError
 from modelyard.api.lora import LoRARegistry
+from modelyard.engine.config import LoRAConfig
 from modelyard.gateway.request_path import require_admin
 from modelyard.manager.base import ModelNotFoundError
 from modelyard.manager.entries import State
@@ -78,8 +79,6 @@ async def unload_lora_adapter(
 
 def _base_spec(provider: Any, base_model: str | None) -> Any:
     """The catalog entry of the base model (given, or the only LLM that serves LoRA)."""
-    from modelyard.manager.loaders import lora_config_for
-
     catalog = getattr(provider, "catalog", None)
     if catalog is None:
         raise APIError(400, "this server has no catalog of LLMs to put adapters on")
@@ -88,13 +87,17 @@ def _base_spec(provider: Any, base_model: str | None) -> Any:
             spec = catalog.resolve(base_model)
         except ModelNotFoundError as exc:
             raise APIError(404, f"model {base_model!r} not found", param="base_model") from exc
-        if not spec.kind.is_llm or lora_config_for(spec) is None:
+        if not spec.kind.is_llm or _lora_config(spec) is None:
             raise APIError(400, f"model {base_model!r} serves no LoRA adapters", param="base_model")
         return spec
-    candidates = [s for s in catalog if s.kind.is_llm and lora_config_for(s) is not None]
+    candidates = [s for s in catalog if s.kind.is_llm and _lora_config(s) is not None]
     if len(candidates) != 1:
         raise APIError(400, "name the base_model: it must be an LLM that serves LoRA adapters")
     return candidates[0]
+
+
+def _lora_config(spec: Any) -> LoRAConfig | None:
+    return LoRAConfig.from_options(spec.options, f"models.{spec.id}.options")
 
 
 def _check_adapter(path: str, spec: Any) -> None:
@@ -104,7 +107,6 @@ def _check_adapter(path: str, spec: Any) -> None:
     import torch
 
     from modelyard.engine.messages import LoRARequest
-    from modelyard.manager.loaders import lora_config_for
     from modelyard.runner.loader import resolve_model
     from modelyard.runner.lora import BaseShapes, read_adapter
 
@@ -112,4 +114,6 @@ def _check_adapter(path: str, spec: Any) -> None:
         raise ValueError(f"no PEFT adapter (adapter_config.json) at {path!r}")
     config = resolve_model(spec.source).config
     lora = LoRARequest(name="check", path=path, adapter_id=0)
-    read_adapter(lora, BaseShapes.of(config), lora_config_for(spec).max_lora_rank, torch.float32)
+    lora_config = _lora_config(spec)
+    max_rank = lora_config.max_lora_rank if lora_config is not None else 0
+    read_adapter(lora, BaseShapes.of(config), max_rank, torch.float32)

@@ -20,9 +20,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
+from modelyard.api.inputs import items_for_kind
 from modelyard.api.listing import models_listing
 from modelyard.backends.image import MAX_IMAGE_BYTES
-from modelyard.backends.inputs import items_for_kind
 from modelyard.backends.tensors import named_tensors
 from modelyard.gateway.request_path import (
     Demand,
@@ -31,7 +31,7 @@ from modelyard.gateway.request_path import (
     declared_bytes,
     runs_model,
 )
-from modelyard.manager.base import ModelKind
+from modelyard.model_spec import ModelKind
 
 router = APIRouter()
 

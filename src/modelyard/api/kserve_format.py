@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.backends.inputs import TEXT_KINDS, decode_image_input
+from modelyard.api.inputs import TEXT_KINDS, decode_image_input
 from modelyard.backends.tensors import DATATYPES
-from modelyard.manager.base import ModelKind
+from modelyard.model_spec import ModelKind
 
 
 def parse_infer_body(body: bytes, header_length: str | None) -> dict[str, Any]:

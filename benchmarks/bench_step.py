@@ -1,4 +1,4 @@
-"""Time one decode step of the runner (not a test): `python -m modelyard.runner.bench_step`.
+"""Time one decode step of the runner (not a test): `python benchmarks/bench_step.py`.
 
 B requests decode one token each with `--context` tokens already cached. The KV content does not
 matter for timing, so no prefill is run. A (B, hidden) x (vocab, hidden) matmul is timed in the

@@ -2,9 +2,10 @@
 
 Requests arrive with their prepared items. A batch is ready when the requests at the head of the
 queue that share the head's options hold at least `max_batch_size` items, or when the head has
-waited `max_queue_delay_s`. A batch then takes those requests in arrival order while their items
-fit in `max_batch_size` (a single request larger than that runs alone, never split). Requests
-with different options (top_k, labels) never share a batch.
+waited `max_queue_delay_ms` (both from the model's `BatchingConfig`). A batch then takes those
+requests in arrival order while their items fit in `max_batch_size` (a single request larger
+than that runs alone, never split). Requests with different options (top_k, labels) never share
+a batch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from modelyard.model_spec import BatchingConfig
 
 
 @dataclass(slots=True)
@@ -45,13 +48,9 @@ class Batch:
 
 
 class Batcher:
-    def __init__(self, max_batch_size: int, max_queue_delay_s: float) -> None:
-        if max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if max_queue_delay_s < 0:
-            raise ValueError("max_queue_delay_s must be >= 0")
-        self.max_batch_size = max_batch_size
-        self.max_queue_delay_s = max_queue_delay_s
+    def __init__(self, config: BatchingConfig) -> None:
+        self.max_batch_size = config.max_batch_size
+        self.max_queue_delay_s = config.max_queue_delay_ms / 1000.0
         self._queue: deque[PendingRequest] = deque()
 
     def __len__(self) -> int:

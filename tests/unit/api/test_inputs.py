@@ -5,13 +5,12 @@ import base64
 import numpy as np
 import pytest
 
+from modelyard.api.inputs import decode_image_input, items_for_kind
+from modelyard.api.kserve_format import outputs_to_tensors, parse_infer_body
 from modelyard.backends import create_backend
 from modelyard.backends.base import ranked
-from modelyard.backends.inputs import decode_image_input, items_for_kind
-from modelyard.backends.kserve import outputs_to_tensors, parse_infer_body
 from modelyard.backends.tensors import from_numpy, to_numpy
-from modelyard.manager.base import ModelKind
-from modelyard.manager.catalog import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit
 

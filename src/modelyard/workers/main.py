@@ -15,9 +15,12 @@ from typing import Any
 import msgspec
 import psutil
 
-from modelyard.manager.batcher import Batch, Batcher, PendingRequest
-from modelyard.manager.catalog import ModelSpec
-from modelyard.manager.worker_messages import (
+from modelyard.model_spec import ModelSpec
+from modelyard.transport.base import Codec
+from modelyard.transport.signals import ignore_group_signals
+from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
+from modelyard.workers.batcher import Batch, Batcher, PendingRequest
+from modelyard.workers.messages import (
     FromWorker,
     PredictError,
     PredictRequest,
@@ -27,16 +30,14 @@ from modelyard.manager.worker_messages import (
     WorkerFailed,
     WorkerReady,
 )
-from modelyard.transport.base import Codec
-from modelyard.transport.signals import ignore_group_signals
-from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
 
 _IDLE_POLL_S = 0.5  # how often an idle worker checks that its parent lives
 _OPTIONS_ENCODER = msgspec.json.Encoder(order="sorted")
 
 
-def worker_main(spec: ModelSpec, addresses: IpcAddresses) -> None:
-    """Process entry point (must stay importable at module level for spawn/forkserver)."""
+def worker_main(spec: ModelSpec, addresses: IpcAddresses, backend: str) -> None:
+    """Process entry point (must stay importable at module level for spawn/forkserver);
+    `backend` is the "module:factory" the API process resolved (backends.backend_target)."""
     from modelyard.backends import create_backend
 
     ignore_group_signals()
@@ -44,24 +45,24 @@ def worker_main(spec: ModelSpec, addresses: IpcAddresses) -> None:
         addresses, Codec(FromWorker), Codec(ToWorker)
     )
     try:
-        backend = create_backend(spec)
-        backend.load()
+        model = create_backend(spec, backend)
+        model.load()
         rss = psutil.Process().memory_info().rss
-        conn.send(WorkerReady(pid=os.getpid(), rss_bytes=rss, metadata=backend.metadata()))
+        conn.send(WorkerReady(pid=os.getpid(), rss_bytes=rss, metadata=model.metadata()))
     except Exception as exc:
         conn.send(WorkerFailed(error=f"{type(exc).__name__}: {exc}"))
         time.sleep(0.1)  # let the message leave before the socket closes
         conn.close()
         return
     try:
-        _serve(conn, backend, spec)
+        _serve(conn, model, spec)
     finally:
-        backend.close()
+        model.close()
         conn.close()
 
 
 def _serve(conn: SyncZmqConnection[FromWorker, ToWorker], backend: Any, spec: ModelSpec) -> None:
-    batcher = Batcher(spec.batching.max_batch_size, spec.batching.max_queue_delay_ms / 1000.0)
+    batcher = Batcher(spec.batching)
     parent = os.getppid()
     while True:
         due = batcher.time_until_ready(time.monotonic())

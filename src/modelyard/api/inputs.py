@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from modelyard.backends.image import MAX_IMAGE_BYTES
-from modelyard.manager.base import ModelKind
+from modelyard.model_spec import ModelKind
 
 MAX_ITEMS = 256  # items per request
 _PATH_LIKE = re.compile(r"^(/|\./|\.\./|~|[A-Za-z]:\\|\\\\|file:|https?:|s3:|gs:)")

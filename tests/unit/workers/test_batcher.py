@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from modelyard.manager.batcher import Batcher, PendingRequest
+from modelyard.model_spec import BatchingConfig
+from modelyard.workers.batcher import Batcher, PendingRequest
 
 pytestmark = pytest.mark.unit
+
+
+def batcher_of(max_batch_size: int, max_queue_delay_s: float) -> Batcher:
+    return Batcher(
+        BatchingConfig(max_batch_size=max_batch_size, max_queue_delay_ms=max_queue_delay_s * 1000)
+    )
 
 
 def req(request_id: int, items: int = 1, at: float = 0.0, key: str = "{}") -> PendingRequest:
@@ -12,7 +19,7 @@ def req(request_id: int, items: int = 1, at: float = 0.0, key: str = "{}") -> Pe
 
 
 def test_waits_for_the_delay_then_joins_everything_that_arrived() -> None:
-    batcher = Batcher(max_batch_size=8, max_queue_delay_s=0.010)
+    batcher = batcher_of(8, 0.010)
     batcher.add(req(1, at=0.000))
     batcher.add(req(2, at=0.004))
     assert batcher.time_until_ready(0.005) == pytest.approx(0.005)
@@ -24,7 +31,7 @@ def test_waits_for_the_delay_then_joins_everything_that_arrived() -> None:
 
 
 def test_full_batch_is_due_at_once_and_capped() -> None:
-    batcher = Batcher(max_batch_size=4, max_queue_delay_s=1.0)
+    batcher = batcher_of(4, 1.0)
     for i in range(6):
         batcher.add(req(i, at=0.0))
     assert batcher.time_until_ready(0.0) == 0.0
@@ -39,7 +46,7 @@ def test_full_batch_is_due_at_once_and_capped() -> None:
 
 
 def test_oversized_request_runs_alone_and_order_is_kept() -> None:
-    batcher = Batcher(max_batch_size=4, max_queue_delay_s=0.0)
+    batcher = batcher_of(4, 0.0)
     batcher.add(req(1, items=3))
     batcher.add(req(2, items=6))
     batcher.add(req(3, items=1))
@@ -50,7 +57,7 @@ def test_oversized_request_runs_alone_and_order_is_kept() -> None:
 
 
 def test_requests_with_different_options_never_share_a_batch() -> None:
-    batcher = Batcher(max_batch_size=8, max_queue_delay_s=0.0)
+    batcher = batcher_of(8, 0.0)
     batcher.add(req(1, key='{"top_k":1}'))
     batcher.add(req(2, key='{"top_k":5}'))
     batcher.add(req(3, key='{"top_k":1}'))
@@ -64,4 +71,4 @@ def test_requests_with_different_options_never_share_a_batch() -> None:
 
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
-        Batcher(max_batch_size=0, max_queue_delay_s=0.0)
+        BatchingConfig(max_batch_size=0, max_queue_delay_ms=0.0)

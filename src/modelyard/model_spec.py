@@ -1,0 +1,72 @@
+"""What one catalog entry says about a model: its kind, where its weights come from, how it is
+served. A leaf module: the manager (control plane), the backends (inside worker processes) and the
+API routes all read these types, and it imports none of them (only config_parse)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from modelyard.config_parse import ConfigError, check_fields, setting
+
+
+class ModelKind(enum.StrEnum):
+    CHAT = "chat"  # LLM with a chat template (/v1/chat/completions and /v1/completions)
+    COMPLETION = "completion"  # LLM without a chat template (/v1/completions)
+    EMBEDDING = "embedding"
+    TEXT_CLASSIFICATION = "text-classification"
+    ZERO_SHOT_CLASSIFICATION = "zero-shot-classification"
+    IMAGE_CLASSIFICATION = "image-classification"
+    TENSOR = "tensor"  # generic named tensors in and out (ONNX, Triton)
+
+    @property
+    def is_llm(self) -> bool:
+        return self in (ModelKind.CHAT, ModelKind.COMPLETION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchingConfig:
+    """Dynamic batching of a non-LLM model's requests inside its worker."""
+
+    max_batch_size: int = setting(8, ge=1)  # most items joined into one backend call
+    # longest an item waits for others to join its batch
+    max_queue_delay_ms: float = setting(5.0, ge=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """One catalog entry."""
+
+    id: str  # unique, URL-safe identifier (what /predict's model_id and /v2/models/{name} use)
+    name: str = ""  # human-readable name, also accepted in requests ("" = the id)
+    aliases: tuple[str, ...] = ()  # other names accepted in requests
+    kind: ModelKind = ModelKind.TENSOR  # what the model does; fixes the request/response shape
+    backend: str = "transformers"  # which backend serves it (backends.create_backend picks it)
+    source: str = ""  # local folder/file, GGUF file, `package:<pkg>/<file>`, or a model key
+    version: str = "1"  # reported by /models and the KServe metadata
+    description: str = ""  # free text for /models
+    # overrides the estimate from the source's size
+    memory_estimate_bytes: int | None = setting(None, ge=1)
+    pin: bool = False  # never evicted (and loaded at start)
+    # unload after this long idle (None = manager default)
+    keep_alive_s: float | None = setting(None, gt=0)
+    batching: BatchingConfig = setting(factory=BatchingConfig)  # dynamic batching
+    preload: bool = False  # load at manager start (the server reports ready after)
+    options: Mapping[str, Any] = setting(factory=dict)  # backend / engine options
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not self.id or "/" in self.id or self.id.strip() != self.id:
+            raise ConfigError("id", f"must be non-empty, without '/' or spaces: {self.id!r}")
+        if not self.name:
+            object.__setattr__(self, "name", self.id)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may use for this model."""
+        return (self.id, self.name, *self.aliases)

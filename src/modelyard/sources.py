@@ -1,0 +1,42 @@
+"""Where model files come from and where derived files go.
+
+A source is a local folder or file, or `package:<python package>/<file inside it>` (the package's
+folder is found without importing it). Sources come from the operator's catalog only; nothing a
+request sends is ever used as a path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+
+def package_dir(package: str) -> Path:
+    """An installed package's folder, found without importing it (some packages import heavy
+    dependencies in __init__)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {package!r} is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def resolve_source(source: str) -> Path:
+    """`package:<pkg>/<file>` or a local path -> an existing path (FileNotFoundError if not)."""
+    if source.startswith("package:"):
+        package, _, inner = source.removeprefix("package:").partition("/")
+        path = package_dir(package) / inner
+    else:
+        path = Path(os.path.expanduser(source))
+    if not path.exists():
+        raise FileNotFoundError(f"model source {source!r} not found ({path})")
+    return path
+
+
+def cache_dir() -> Path:
+    """The one folder for derived files (GGUF conversions under `converted/`, ONNX exports):
+    $MODELYARD_CACHE_DIR, by default ~/.cache/modelyard."""
+    root = os.environ.get("MODELYARD_CACHE_DIR") or os.path.expanduser("~/.cache/modelyard")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
