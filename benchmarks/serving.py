@@ -3,8 +3,9 @@
 In-process: `AsyncLLM` (the same worker process + IPC the server uses) driven from this
 process. HTTP: a real `modelyard serve` process on loopback, streaming /v1/completions with
 httpx. Both: ~128-token prompts, exactly 128 output tokens (ignore_eos), greedy, closed loop at
-concurrency 1 and 32. Targets: HTTP costs <= 10 % of output throughput at c=32; TTFT p50 at
-c=1 within 1.3x of in-process.
+concurrency 1 and 32. Each path and each point gets prompts of its own (the warm-up too), so no
+prefix cache serves one from another's. Targets: HTTP costs <= 5 % of output throughput at
+c=32; TTFT p50 at c=1 within 1.3x of in-process.
 
     .venv/bin/python benchmarks/serving.py
 """
@@ -98,7 +99,7 @@ async def run_inprocess(args: argparse.Namespace, prompts: dict[int, list[list[i
             first, last = False, now
 
     try:
-        await one(prompts[1][0], Samples())  # warm-up
+        await one(prompts[0][0], Samples())  # warm-up
         return {str(c): await closed_loop(one, prompts[c], c) for c in args.concurrency}
     finally:
         await llm.shutdown()
@@ -136,7 +137,7 @@ async def run_http(base: str, args: argparse.Namespace, prompts: dict[int, list[
                     )
                     first, last = False, now
 
-        await one(prompts[1][0], Samples())
+        await one(prompts[0][0], Samples())
         return {str(c): await closed_loop(one, prompts[c], c) for c in args.concurrency}
 
 
@@ -183,12 +184,17 @@ def main() -> None:
     from modelyard.runner.loader import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model(SOURCE).tokenizer_path)
-    prompts = {
-        1: make_prompts(tok, args.requests_c1, args.prompt_tokens),
-        32: make_prompts(tok, args.requests_c32, args.prompt_tokens),
-    }
-    inproc = asyncio.run(run_inprocess(args, prompts))
-    http = serve_and_run(args, prompts)
+
+    def prompts(path: str) -> dict[int, list[list[int]]]:
+        n = args.prompt_tokens
+        return {
+            0: make_prompts(tok, 1, n, f"{path}-warm"),
+            1: make_prompts(tok, args.requests_c1, n, f"{path}-c1"),
+            32: make_prompts(tok, args.requests_c32, n, f"{path}-c32"),
+        }
+
+    inproc = asyncio.run(run_inprocess(args, prompts("inproc")))
+    http = serve_and_run(args, prompts("http"))
     ratios = {}
     if "32" in http:
         ratios["http_throughput_cost_c32"] = round(
@@ -205,7 +211,8 @@ def main() -> None:
         "http": http,
         "ratios": ratios,
     }
-    path = write_json("serving" if len(args.concurrency) == 2 else "serving_c1", payload)
+    name = "serving" if len(args.concurrency) == 2 else "serving_c1"
+    path = write_json(f"{name}_{args.dtype}", payload)
     print(json.dumps({"in_process": inproc, "http": http, "ratios": ratios}, indent=2))
     print(f"wrote {path}", file=sys.stderr)
 

@@ -1,4 +1,4 @@
-"""`modelyard` command line: serve | bench | models | keys.
+"""`modelyard` command line: serve | bench | models | keys | agent.
 
 Each subcommand lives with the component it drives, in a module that exposes
 `add_arguments(parser)` and `run(args) -> int`; this file only dispatches. Modules are imported
@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("modelyard.bench.cli", "load-test an OpenAI-compatible or KServe endpoint"),
     "models": ("modelyard.manager.cli", "list or check the models of a catalog"),
     "keys": ("modelyard.gateway.cli", "create, list and revoke API keys"),
+    "agent": ("modelyard.agent.cli", "RAG / CAG knowledge agent over a modelyard server"),
 }
 
 

@@ -14,6 +14,8 @@ manager:       # manager.config.ManagerConfig: memory budget, worker lifecycle
   memory_budget_bytes: 4294967296
 gateway:       # gateway.config.GatewayConfig: auth, tenants, quotas, routes
   auth: auto
+ray:           # scale.config.RayConfig: `serve --ray` (replicas of the pool, the router)
+  router: prefix
 catalog: models.yaml   # the catalog file; absent: the embedded default catalog
 ```
 
@@ -36,6 +38,7 @@ from modelyard.config_parse import ConfigError, check_fields, from_mapping, sett
 from modelyard.engine.config import Dtype
 from modelyard.gateway.config import GatewayConfig
 from modelyard.manager.config import ManagerConfig
+from modelyard.scale.config import RayConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +99,7 @@ class ModelyardConfig:
     engine: EngineDefaults = setting(factory=EngineDefaults)
     manager: ManagerConfig = setting(factory=ManagerConfig)
     gateway: GatewayConfig = setting(factory=GatewayConfig)
+    ray: RayConfig = setting(factory=RayConfig)
     catalog: str | None = None  # catalog file; None: the embedded default catalog
 
 

@@ -39,6 +39,28 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    """Replicas of this model when it runs on Ray Serve (`modelyard serve --ray`); single-node
+    mode ignores it. With `max_replicas` set the deployment autoscales between `min_replicas`
+    and `max_replicas` on ongoing requests per replica; otherwise it runs `num_replicas`."""
+
+    num_replicas: int = setting(1, ge=1)  # fixed replica count (no autoscaling)
+    min_replicas: int = setting(1, ge=0)  # autoscaling floor
+    max_replicas: int | None = setting(None, ge=1)  # autoscaling ceiling (None: no autoscaling)
+    target_ongoing_requests: float = setting(8.0, gt=0)  # autoscaling target per replica
+    max_ongoing_requests: int = setting(64, ge=1)  # a replica accepts at most this many at once
+    num_cpus: float = setting(1.0, ge=0)  # CPUs Ray reserves per replica
+    # load above (below) target this long before a replica is added (removed)
+    upscale_delay_s: float = setting(30.0, ge=0)
+    downscale_delay_s: float = setting(600.0, ge=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ConfigError("max_replicas", "must be >= min_replicas")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """One catalog entry."""
 
@@ -58,6 +80,7 @@ class ModelSpec:
     batching: BatchingConfig = setting(factory=BatchingConfig)  # dynamic batching
     preload: bool = False  # load at manager start (the server reports ready after)
     options: Mapping[str, Any] = setting(factory=dict)  # backend / engine options
+    scaling: ScalingConfig = setting(factory=ScalingConfig)  # replicas on Ray Serve
 
     def __post_init__(self) -> None:
         check_fields(self)

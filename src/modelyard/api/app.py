@@ -15,8 +15,9 @@ app = build_app(provider, config, router=None, startup=manager.start)
   stops every worker.
 
 `app.state` holds `provider`, `router`, `request_path`, `config`, `ready`, `startup_error`,
-`started_at`, `vllm`. Every route depends on `admit_request` (one request and one concurrency slot
-for routes that run no model; model routes are admitted by the request path after routing).
+`started_at`, `vllm`, `prefixes` (the pinned prefixes' directory, api/routes/prefixes.py).
+Every route depends on `admit_request` (one request and one concurrency slot for routes that
+run no model; model routes are admitted by the request path after routing).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from modelyard.api.routes import (
     lora,
     openai,
     predict,
+    prefixes,
     textbook,
     vllm_compat,
 )
@@ -107,8 +109,10 @@ def build_app(
     app.state.startup_error = None
     app.state.started_at = time.time()
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
+    app.state.prefixes = prefixes.PrefixDirectory()
     install_exception_handlers(app)
-    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings, lora):
+    routes = (health, openai, textbook, vllm_compat, kserve, predict, embeddings, prefixes, lora)
+    for module in routes:
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
     # /metrics names tenants: admin scope, unless listed in gateway.open_paths (a scraper)

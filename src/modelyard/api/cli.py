@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
     parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve the catalog as a Ray Serve application (needs the `ray` extra)",
+    )
+    parser.add_argument(
+        "--address", default=None, help="with --ray: the Ray cluster to join (default: start one)"
+    )
+    parser.add_argument(
         "--allow-insecure",
         action="store_true",
         help="allow a non-loopback --host with authentication off (warns)",
@@ -85,10 +93,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         _check_exposure(config, allow_insecure=getattr(args, "allow_insecure", False))
+        if getattr(args, "ray", False):
+            return _serve_on_ray(config, args)
         return serve(config, preload=args.preload, log_level=args.log_level)
     except (ValueError, OSError) as exc:
         print(f"modelyard serve: {exc}", file=sys.stderr)
         return 2
+
+
+def _serve_on_ray(config: ModelyardConfig, args: argparse.Namespace) -> int:
+    try:
+        from modelyard.scale.ray_serve import serve_on_ray
+    except ImportError as exc:
+        raise ValueError(f"--ray needs Ray Serve: pip install 'modelyard[ray]' ({exc})") from exc
+    catalog = build_catalog(config.catalog, config.engine, preload=args.preload)
+    return serve_on_ray(config, catalog, address=args.address)
 
 
 def _check_exposure(config: ModelyardConfig, *, allow_insecure: bool) -> None:

@@ -20,12 +20,12 @@ import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from modelyard.engine.messages import LoRARequest, SchedulerStats
-from modelyard.engine.protocol import LLMClient, RequestOutput, Tokenizer
+from modelyard.engine.protocol import LLMClient, LoRAClient, RequestOutput, Tokenizer, serves_lora
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.manager.base import Lease, ModelProvider, Predictor
+from modelyard.manager.base import Lease, ModelLoadError, ModelProvider, Predictor
 from modelyard.model_spec import ModelKind, ModelSpec
 
 
@@ -127,7 +127,10 @@ class AdapterLease:
 
     @property
     def llm(self) -> LLMClient:
-        return AdapterClient(self.base.llm, self.adapter.lora)
+        llm = self.base.llm
+        if not serves_lora(llm):
+            raise ModelLoadError(f"{self.adapter.base} runs on an engine without LoRA adapters")
+        return AdapterClient(cast(LoRAClient, llm), self.adapter.lora)
 
     @property
     def predictor(self) -> Predictor:
@@ -141,7 +144,7 @@ class AdapterLease:
 class AdapterClient:
     """An engine client whose requests all run with one adapter."""
 
-    def __init__(self, llm: LLMClient, lora: LoRARequest) -> None:
+    def __init__(self, llm: LoRAClient, lora: LoRARequest) -> None:
         self.base = llm
         self.lora = lora
 

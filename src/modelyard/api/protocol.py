@@ -103,6 +103,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None  # and this many alternatives per position (0..20)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    prefix_id: str | None = None  # a pinned prefix (POST /v1/prefixes) the prompt starts with
 
     def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
@@ -122,6 +123,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False  # not supported (400 when true)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    prefix_id: str | None = None  # a pinned prefix (POST /v1/prefixes) the prompt starts with
 
     def to_sampling_params(self) -> SamplingParams:
         if self.echo:

@@ -65,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--output-len", default="128", help="same forms; sent as max_tokens")
     w.add_argument("--dataset", help='JSONL, one {"prompt": ..., "output_len"?: N} per line')
     w.add_argument("--tokenizer", help="local tokenizer folder: exact prompt token lengths")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--seed", type=int, default=0, help="prompts' seed; each sweep point draws its own"
+    )
     w.add_argument("--no-stream", action="store_true")
     w.add_argument("--ignore-eos", action="store_true")
     w.add_argument("--min-tokens", type=int, default=None)
@@ -126,6 +128,12 @@ def sweep_points(text: str | None, base: ArrivalConfig) -> list[ArrivalConfig]:
     return [replace(base, rate=float(v)) for v in values.split(",")]
 
 
+def point_seed(seed: int, index: int) -> int:
+    """The workload seed of sweep point `index` for `--seed seed`: distinct for every point of
+    every seed below 1009 (runs that compare servers give each server its own seed)."""
+    return seed * 1009 + index
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     endpoint = _endpoint(args)
     points = sweep_points(args.sweep, _arrivals(args))
@@ -136,7 +144,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     )  # fmt: skip
     tokenizer = load_tokenizer(args.tokenizer)
     runs = []
-    for arrivals in points:
+    for index, arrivals in enumerate(points):
+        # each sweep point gets prompts of its own, so a server's prefix cache never serves a
+        # point from the prompts of the one before
+        wcfg = replace(wcfg, seed=point_seed(args.seed, index))
         specs = iter(Workload(wcfg, tokenizer))
         result = _run_with_progress(endpoint, arrivals, specs, not args.no_progress)
         config = {

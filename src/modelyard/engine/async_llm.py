@@ -35,6 +35,7 @@ from modelyard.engine.output_processor import (
     prompt_ids,
     render_chat,
 )
+from modelyard.engine.prefixes import EnginePrefixes, PrefixRegistry
 from modelyard.engine.protocol import (
     EngineDeadError,
     EngineOverloadedError,
@@ -69,6 +70,7 @@ class AsyncLLM:
         self._waiting_prompt_tokens = 0
         self._waiting: dict[str, int] = {}  # request id -> prompt tokens, until scheduled
         self._live: dict[str, RequestState] = {}
+        self._prefixes: EnginePrefixes | None = None
 
     @classmethod
     async def start(
@@ -112,6 +114,20 @@ class AsyncLLM:
     def ready(self) -> EngineReady:
         """What the worker reported at start (blocks, dtype, paths, RSS)."""
         return self._client.ready
+
+    @property
+    def prefixes(self) -> EnginePrefixes:
+        """This engine's pinned prefixes (CAG): pin, list, release (engine/prefixes.py)."""
+        if self._prefixes is None:
+            ready = self._client.ready
+            registry = PrefixRegistry(
+                model=self._model_name,
+                block_size=ready.block_size,
+                max_pinned_blocks=ready.max_pinned_blocks,
+                max_model_len=ready.max_model_len,
+            )
+            self._prefixes = EnginePrefixes(self._client, registry)
+        return self._prefixes
 
     @property
     def engine_client(self) -> EngineCoreClient:

@@ -28,8 +28,10 @@ from modelyard.engine.messages import (
     EngineReady,
     EngineRequest,
     FinishReason,
+    PinPrefix,
     SchedulerStats,
     Shutdown,
+    UnpinPrefixes,
     WorkerMessage,
 )
 from modelyard.engine.protocol import EngineDeadError
@@ -173,11 +175,12 @@ class EngineCoreClient:
         return len(self._queues)
 
     async def add_request(
-        self, request: EngineRequest, queue: OutputQueue | None = None
+        self, request: EngineRequest | PinPrefix, queue: OutputQueue | None = None
     ) -> RequestStream:
-        """Send the request; its outputs go to `queue` (a new one unless given: callers that
-        fan out pass one shared queue). Raises EngineDeadError when the worker is gone and
-        ValueError for a request id already in flight."""
+        """Send the request (or a pin, whose prefill request answers like one); its outputs go
+        to `queue` (a new one unless given: callers that fan out pass one shared queue).
+        Raises EngineDeadError when the worker is gone and ValueError for a request id
+        already in flight."""
         self._check_alive()
         if request.request_id in self._queues:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
@@ -206,6 +209,11 @@ class EngineCoreClient:
                 )
         if request_ids and self.is_alive:
             await self.worker.send(AbortRequests(request_ids=list(request_ids)))
+
+    async def unpin_prefixes(self, prefix_ids: list[str]) -> None:
+        """Release pinned prefixes in the engine (engine/pins.py)."""
+        self._check_alive()
+        await self.worker.send(UnpinPrefixes(prefix_ids=list(prefix_ids)))
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Ask the worker to exit, join it (terminate, then kill, if it does not), fail what is

@@ -48,11 +48,15 @@ class CacheConfig:
     num_blocks: int | None = setting(None, ge=1)
     """Overrides kv_cache_bytes (tests use tiny values to force preemption)."""
     enable_prefix_caching: bool = True
+    max_pinned_fraction: float = 0.5
+    """Most of the KV cache that pinned prefixes (engine/pins.py) may hold together."""
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.block_size & (self.block_size - 1):
             raise ConfigError("block_size", "must be a power of two")
+        if not 0.0 <= self.max_pinned_fraction < 1.0:
+            raise ConfigError("max_pinned_fraction", "must be in [0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,15 +3,27 @@
 `EngineCore` knows nothing about processes, sockets or text: the worker process
 (engine/worker.py) feeds it requests and aborts between steps and ships what `step()` returns.
 Everything here runs on one thread; no method blocks except `step()` while the model runs.
+Pinned prefixes (engine/pins.py) ride on the same step: a pin's prefill is an ordinary
+request, pinned when its output passes through `step()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
+import msgspec
+
 from modelyard.engine.config import EngineConfig
-from modelyard.engine.messages import EngineOutput, EngineRequest, LoRARequest, SchedulerStats
+from modelyard.engine.messages import (
+    EngineOutput,
+    EngineRequest,
+    LoRARequest,
+    PinPrefix,
+    SchedulerStats,
+)
+from modelyard.engine.pins import PrefixPins, pin_limit_blocks
 from modelyard.engine.scheduler import Scheduler
 from modelyard.engine.scheduler_output import StepRunner
 from modelyard.engine.spec_decode import SpecDecodePolicy
@@ -30,7 +42,14 @@ class LoRARunner(Protocol):
 class EngineCore:
     """A scheduler wired to a model runner (the real one, or a fake in tests)."""
 
-    def __init__(self, config: EngineConfig, runner: StepRunner) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: StepRunner,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock` times the pins' TTLs (tests pass a fake one)."""
         self.config = config
         self.runner = runner
         self._lora: LoRARunner | None = None
@@ -47,6 +66,15 @@ class EngineCore:
             spec_policy=SpecDecodePolicy(config.speculative, runner.max_model_len),
             max_loras=config.lora.max_loras if config.lora is not None else 0,
         )
+        kv = self.scheduler.kv_cache
+        limit = pin_limit_blocks(
+            kv.num_blocks,
+            kv.block_size,
+            self.scheduler.max_model_len,
+            config.cache.max_pinned_fraction,
+        )
+        self.pins = PrefixPins(kv, limit, clock)
+        self.num_computed_tokens = 0  # cumulative tokens run through the model
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request. ValueError when it can never run: a prompt longer than the
@@ -64,7 +92,27 @@ class EngineCore:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Drop these requests; their KV blocks are free before the next step."""
+        request_ids = list(request_ids)
         self.scheduler.abort_requests(request_ids)
+        self.pins.abandon(request_ids)
+
+    def pin_prefix(self, command: PinPrefix) -> None:
+        """Queue the prefill of a prefix to pin; its request's last output says how it went.
+        PinBudgetError (a ValueError) over the pin budget, ValueError when it can never run."""
+        request = self.pins.start(command)
+        try:
+            self.scheduler.add_request(request)
+        except BaseException:
+            self.pins.abandon([request.request_id])
+            raise
+
+    def unpin_prefixes(self, prefix_ids: Iterable[str]) -> None:
+        """Release these pins now (unknown ids are ignored)."""
+        self.pins.unpin(list(prefix_ids))
+
+    def expire_pins(self) -> None:
+        """Release the pins whose TTL has passed (the worker loop calls this every turn)."""
+        self.pins.expire()
 
     def step(self) -> list[EngineOutput]:
         """Run one batch; one output per request that got a token. [] when nothing ran."""
@@ -76,13 +124,23 @@ class EngineCore:
         except BaseException:
             self.scheduler.discard(scheduler_output)  # no half-written KV in the prefix cache
             raise
-        return self.scheduler.update(scheduler_output, runner_output)
+        self.num_computed_tokens += scheduler_output.num_batched_tokens
+        outputs = self.scheduler.update(scheduler_output, runner_output)
+        return [self.pins.finish(output) for output in outputs]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def stats(self) -> SchedulerStats:
-        stats = self.scheduler.stats()
+        kv = self.scheduler.kv_cache
+        stats = msgspec.structs.replace(
+            self.scheduler.stats(),
+            num_computed_tokens=self.num_computed_tokens,
+            num_pinned_blocks=kv.num_pinned_blocks,
+            num_pinned_prefixes=len(self.pins),
+            pinned_prefix_hits=kv.pinned_hits,
+            prefix_hits=self.pins.hits(),
+        )
         if self._lora is not None:
             self._lora.fill_lora_stats(stats)
         return stats

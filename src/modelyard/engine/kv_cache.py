@@ -15,6 +15,12 @@ Prefix caching (vLLM v1 style):
 - A block whose ref count drops to 0 keeps its hash and joins the free list in LRU order; it is
   evicted (hash dropped) only when the free list hands it out for a new allocation. Blocks with
   no hash are handed out before any cached one.
+
+Pinned prefixes (CAG): `pin_cached` takes one extra reference on each block of a cached
+prefix and counts it in the block's `pin_count`. A pinned block never reaches ref count 0, so
+it never joins the free list and is never evicted, whatever the cache pressure; it counts as
+used. `unpin` drops that reference again (the block stays cached, LRU-free, until reused).
+Admissions whose prefix-cache hits include pinned blocks are counted as pinned hits.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -
 class KVCacheBlock:
     """Bookkeeping for one physical KV block."""
 
-    __slots__ = ("block_hash", "block_id", "ref_count")
+    __slots__ = ("block_hash", "block_id", "pin_count", "ref_count")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id  # index into the runner's KV tensors
-        self.ref_count = 0  # requests whose block table holds this block
+        self.ref_count = 0  # requests whose block table holds this block, plus pins
+        self.pin_count = 0  # pinned prefixes that hold this block (each also holds a ref)
         self.block_hash: BlockHash | None = None  # set while the block is in the prefix cache
 
     def __repr__(self) -> str:
@@ -71,6 +78,10 @@ class KVCacheManager:
         self._num_hashed_blocks: dict[str, int] = {}  # request id -> leading blocks done
         self.prefix_cache_queries = 0  # cumulative tokens looked up at admissions
         self.prefix_cache_hits = 0  # cumulative tokens served from the cache at admissions
+        self.num_pinned_blocks = 0  # blocks with pin_count > 0
+        self.pinned_hits = 0  # cumulative admissions that reused at least one pinned block
+        # deepest pinned block of each pinned-hit admission -> admissions (per-prefix hits)
+        self.pinned_hits_by_block: dict[int, int] = {}
 
     # ------------------------------------------------------------------ counters
 
@@ -96,6 +107,48 @@ class KVCacheManager:
     def cached_block_id(self, block_hash: BlockHash) -> int | None:
         """The block holding this prefix, if it is cached."""
         return self._cached.get(block_hash)
+
+    # ------------------------------------------------------------------ pins
+
+    def pin_cached(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Pin the cached blocks of this chain of hashes, in order, stopping at the first one
+        that is not cached; returns the pinned block ids (one reference each, to `unpin`)."""
+        pinned: list[int] = []
+        for block_hash in block_hashes:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            self._take_cached_block(block_id)
+            block = self.blocks[block_id]
+            block.pin_count += 1
+            if block.pin_count == 1:
+                self.num_pinned_blocks += 1
+                self.pinned_hits_by_block.pop(block_id, None)
+            pinned.append(block_id)
+        return pinned
+
+    def unpin(self, block_ids: Sequence[int]) -> None:
+        """Drop the pin references taken by `pin_cached`; blocks reaching ref count 0 join the
+        free list (still cached), the prefix's later blocks ahead of its earlier ones."""
+        for block_id in reversed(block_ids):
+            block = self.blocks[block_id]
+            if block.pin_count < 1:
+                raise ValueError(f"block {block_id} is not pinned")
+            block.pin_count -= 1
+            if block.pin_count == 0:
+                self.num_pinned_blocks -= 1
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+
+    def num_pinned_among(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many of these hashes name a block that is cached and pinned now."""
+        count = 0
+        for block_hash in block_hashes:
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and self.blocks[block_id].pin_count:
+                count += 1
+        return count
 
     # ------------------------------------------------------------------ prefix lookup
 
@@ -143,7 +196,7 @@ class KVCacheManager:
             return False
 
         if not request.block_ids and request.num_computed_tokens == 0:
-            self._record_admission(request, num_cached_tokens)
+            self._record_admission(request, new_computed_blocks)
         for block_id in new_computed_blocks:
             self._take_cached_block(block_id)
         request.block_ids.extend(new_computed_blocks)
@@ -212,10 +265,17 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ internals
 
-    def _record_admission(self, request: Request, num_cached_tokens: int) -> None:
-        if self.enable_prefix_caching:
-            self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += num_cached_tokens
+    def _record_admission(self, request: Request, new_computed_blocks: Sequence[int]) -> None:
+        if not self.enable_prefix_caching:
+            return
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += len(new_computed_blocks) * self.block_size
+        if self.num_pinned_blocks:
+            pinned = [b for b in new_computed_blocks if self.blocks[b].pin_count]
+            if pinned:
+                self.pinned_hits += 1
+                deepest = pinned[-1]
+                self.pinned_hits_by_block[deepest] = self.pinned_hits_by_block.get(deepest, 0) + 1
 
     def _unref(self, block_id: int) -> None:
         """One reference less; at 0 the block joins the free list (uncached ones in front)."""

@@ -74,7 +74,28 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     """Finish nothing more, free everything, exit the worker process with status 0."""
 
 
-EngineCommand = EngineRequest | AbortRequests | DropLoRAs | Shutdown
+class PinPrefix(msgspec.Struct, tag="pin", kw_only=True):
+    """Prefill these tokens once and pin their full KV blocks in the prefix cache (CAG).
+
+    The prefill runs as request `request_id` (max_tokens=1); its final output answers the
+    command: finish_reason LENGTH/STOP once the blocks are pinned, ERROR when the pin was
+    refused (over the pin budget) or failed. See engine/pins.py.
+    """
+
+    request_id: str  # the prefill request's id (the API process's namespace)
+    prefix_id: str  # the pin's id, unique among live pins of this engine
+    token_ids: list[int]  # the prefix; only its full blocks are pinned
+    ttl_s: float  # the pin is released this many seconds after it is in place
+    priority: int = 0  # scheduler priority of the prefill request
+
+
+class UnpinPrefixes(msgspec.Struct, tag="unpin"):
+    """Release these pins now (their blocks stay cached until the cache needs them)."""
+
+    prefix_ids: list[str]
+
+
+EngineCommand = EngineRequest | AbortRequests | DropLoRAs | Shutdown | PinPrefix | UnpinPrefixes
 
 
 # ---------------------------------------------------------------- worker -> API process
@@ -117,6 +138,11 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     lora_loads: int = 0  # cumulative adapter loads from disk
     lora_load_seconds: float = 0.0  # cumulative time spent loading them
     num_aborted: int = 0  # cumulative: live requests aborted (client gone, closed, timed out)
+    num_computed_tokens: int = 0  # cumulative tokens run through the model (prefill + decode)
+    num_pinned_blocks: int = 0  # KV blocks held by pinned prefixes (never evicted)
+    num_pinned_prefixes: int = 0  # live pins
+    pinned_prefix_hits: int = 0  # cumulative admissions that reused pinned blocks
+    prefix_hits: dict[str, int] = {}  # live pin id -> admissions that reused it
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs", kw_only=True):
@@ -138,6 +164,7 @@ class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
     dtype: str
     implementation: str  # "native" or "generic"
     rss_bytes: int  # the worker's resident memory after load
+    max_pinned_blocks: int = 0  # the pin budget in blocks (engine/pins.py: pin_limit_blocks)
 
 
 class EngineFailed(msgspec.Struct, tag="failed", kw_only=True):

@@ -114,10 +114,8 @@ class LLMClient(Protocol):
         request_id: str,
         *,
         priority: int = 0,
-        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request (with the LoRA adapter `lora`, if any) and stream its outputs;
-        the last has finished=True.
+        """Submit a request and stream its outputs; the last has finished=True.
 
         Raises PromptTooLongError / ValueError (bad params) / EngineOverloadedError before the
         first yield; EngineDeadError at any point. Closing the iterator early (client gone)
@@ -127,10 +125,6 @@ class LLMClient(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
-    async def drop_loras(self, names: list[str]) -> None:
-        """These adapters were unregistered: the engine frees their memory."""
-        ...
-
     def stats(self) -> SchedulerStats:
         """The latest scheduler snapshot received from the worker."""
         ...
@@ -139,3 +133,28 @@ class LLMClient(Protocol):
     def is_alive(self) -> bool: ...
 
     async def shutdown(self) -> None: ...
+
+
+class LoRAClient(LLMClient, Protocol):
+    """An engine client that serves LoRA adapters (engine.async_llm.AsyncLLM is one)."""
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        lora: LoRARequest | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """LLMClient.generate, with the adapter `lora` applied when given."""
+        ...
+
+    async def drop_loras(self, names: list[str]) -> None:
+        """These adapters were unregistered: the engine frees their memory."""
+        ...
+
+
+def serves_lora(llm: LLMClient) -> bool:
+    """True when the client can run requests with a LoRA adapter."""
+    return callable(getattr(llm, "drop_loras", None))

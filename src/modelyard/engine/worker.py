@@ -4,7 +4,8 @@
 interpreter, transport/spawn.py). It connects to the API process's IPC sockets, loads the model,
 sends `EngineReady` (or `EngineFailed` and exits 1), then runs `serve`:
 
-    drain every pending command (non-blocking)
+    drain every pending command (non-blocking; a PinPrefix queues the prefix's prefill,
+    UnpinPrefixes releases pins), then release the pins whose TTL passed
     -> if there is work: core.step(), send EngineOutputs(outputs, stats)
     -> else: block on the command socket for a short while; send an empty EngineOutputs as a
        heartbeat every HEARTBEAT_INTERVAL_S so the client can tell the worker is alive.
@@ -37,8 +38,10 @@ from modelyard.engine.messages import (
     EngineReady,
     EngineRequest,
     FinishReason,
+    PinPrefix,
     SchedulerStats,
     Shutdown,
+    UnpinPrefixes,
     WorkerMessage,
 )
 from modelyard.transport.base import Codec, SyncConnection
@@ -82,6 +85,11 @@ class Core(Protocol):
     def abort_requests(self, request_ids: list[str]) -> None: ...
 
     def drop_loras(self, names: list[str]) -> None: ...
+    def pin_prefix(self, command: PinPrefix) -> None: ...
+
+    def unpin_prefixes(self, prefix_ids: list[str]) -> None: ...
+
+    def expire_pins(self) -> None: ...
 
     def step(self) -> list[EngineOutput]: ...
 
@@ -132,6 +140,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
         dtype=config.model.dtype,
         implementation=str(getattr(runner, "implementation", config.model.implementation)),
         rss_bytes=psutil.Process().memory_info().rss,
+        max_pinned_blocks=core.pins.limit_blocks,
     )
     return core, ready
 
@@ -148,6 +157,7 @@ def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) 
                 return 0
             _apply(core, command, live, conn)
             command = conn.recv(0)
+        core.expire_pins()
         outputs = _step(core, live) if core.has_unfinished_requests() else []
         now = time.time()
         if outputs or now - last_sent >= HEARTBEAT_INTERVAL_S:
@@ -158,11 +168,14 @@ def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) 
 
 
 def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConnection) -> None:
-    if isinstance(command, EngineRequest):
+    if isinstance(command, EngineRequest | PinPrefix):
         try:
-            core.add_request(command)
+            if isinstance(command, PinPrefix):
+                core.pin_prefix(command)
+            else:
+                core.add_request(command)
         except Exception as exc:  # a bad request fails alone
-            logger.exception("add_request %s failed", command.request_id)
+            logger.warning("request %s refused: %s", command.request_id, exc)
             failed = _error_output(command.request_id, exc)
             conn.send(EngineOutputs(outputs=[failed], stats=core.stats(), timestamp=time.time()))
             return
@@ -172,6 +185,8 @@ def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConne
         live.difference_update(command.request_ids)
     elif isinstance(command, DropLoRAs):
         core.drop_loras(command.names)
+    elif isinstance(command, UnpinPrefixes):
+        core.unpin_prefixes(command.prefix_ids)
 
 
 def _step(core: Core, live: set[str]) -> list[EngineOutput]:

@@ -5,12 +5,14 @@ Prometheus on the hot path. Instead the manager (or whoever knows the loaded LLM
 *source*: a cheap, non-blocking callable returning `{model_id: SchedulerStats}` for the LLMs loaded
 right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
 
-- sets the gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`;
+- sets the gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`,
+  `pinned_prefix_blocks`, `pinned_prefixes`;
 - turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
-  `prefix_cache_hits`, `num_preemptions`, and the `spec_decode_*` ones of a model that
-  speculates, labelled with its proposer) into increments of the Prometheus counters, by
-  remembering the last value seen per model. A value lower than the last one means the engine
-  restarted: the new value counts in full (what Prometheus' `rate()` assumes after a reset);
+  `prefix_cache_hits`, `num_preemptions`, `pinned_prefix_hits`, `lora_loads`, and the
+  `spec_decode_*` ones of a model that speculates, labelled with its proposer) into increments
+  of the Prometheus counters, by remembering the last value seen per model. A value lower than
+  the last one means the engine restarted: the new value counts in full (what Prometheus'
+  `rate()` assumes after a reset);
 - removes the gauge series of models no longer loaded (counters keep their totals).
 """
 
@@ -33,6 +35,9 @@ from modelyard.observability.metrics import (
     NUM_PREEMPTIONS,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
+    PINNED_PREFIX_BLOCKS,
+    PINNED_PREFIX_HITS,
+    PINNED_PREFIXES,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
     SPEC_DECODE_NUM_ACCEPTED_TOKENS,
@@ -49,12 +54,15 @@ _CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("prefix_cache_queries", PREFIX_CACHE_QUERIES),
     ("prefix_cache_hits", PREFIX_CACHE_HITS),
     ("num_preemptions", NUM_PREEMPTIONS),
+    ("pinned_prefix_hits", PINNED_PREFIX_HITS),
     ("lora_loads", LORA_LOADS),
 )
 _GAUGES = (
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
     KV_CACHE_USAGE,
+    PINNED_PREFIX_BLOCKS,
+    PINNED_PREFIXES,
     LORA_RESIDENT_ADAPTERS,
     LORA_RESIDENT_BYTES,
 )
@@ -113,6 +121,8 @@ class EngineStatsCollector:
         KV_CACHE_USAGE.labels(model=model).set(stats.kv_cache_usage)
         LORA_RESIDENT_ADAPTERS.labels(model=model).set(len(stats.lora_resident))
         LORA_RESIDENT_BYTES.labels(model=model).set(stats.lora_resident_bytes)
+        PINNED_PREFIX_BLOCKS.labels(model=model).set(stats.num_pinned_blocks)
+        PINNED_PREFIXES.labels(model=model).set(stats.num_pinned_prefixes)
 
     def _add_increments(self, model: str, stats: SchedulerStats) -> None:
         last = self._last.setdefault(model, {})

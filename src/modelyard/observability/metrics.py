@@ -109,6 +109,13 @@ PREFIX_CACHE_HITS = Counter(
     P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["model"]
 )
 NUM_PREEMPTIONS = Counter(P + "num_preemptions", "Preemptions.", ["model"])
+PINNED_PREFIX_BLOCKS = Gauge(
+    P + "pinned_prefix_blocks", "KV blocks held by pinned prefixes (never evicted).", ["model"]
+)
+PINNED_PREFIXES = Gauge(P + "pinned_prefixes", "Live pinned prefixes.", ["model"])
+PINNED_PREFIX_HITS = Counter(
+    P + "pinned_prefix_hits", "Requests that reused the blocks of a pinned prefix.", ["model"]
+)
 LORA_RESIDENT_ADAPTERS = Gauge(
     P + "lora_resident_adapters", "LoRA adapters loaded in the engine's memory.", ["model"]
 )

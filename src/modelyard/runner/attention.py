@@ -32,7 +32,6 @@ compiled kernels the model's fused RoPE op writes them instead). Then:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,9 +39,10 @@ import torch
 import torch.nn.functional as F
 
 from modelyard.runner import kernels
+from modelyard.runner.kernel_config import kernel_config
 
 # prefill chunks on SDPA even where the kernel could attend them (see the module docstring)
-_PREFILL_SDPA = os.environ.get("MODELYARD_PREFILL_SDPA", "0") == "1"
+_PREFILL_SDPA = kernel_config().prefill_sdpa
 
 
 @dataclass(slots=True)

@@ -23,12 +23,14 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import torch
+
+from modelyard.runner.kernel_config import BUILD_FLAGS, cpu_flags, kernel_config
 
 log = logging.getLogger(__name__)
 
@@ -38,32 +40,29 @@ _SOURCES = (
     _CSRC / "fused_ops.cpp",
     _CSRC / "gemm.cpp",
     _CSRC / "gemm_bf16.cpp",
+    _CSRC / "gemm_amx.cpp",
+    _CSRC / "gemm_int8.cpp",
 )
 _HEADERS = (_CSRC / "vec.h", _CSRC / "claim.h")
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+def _flags() -> list[str]:
+    """Compiler flags for the selected instruction-set kind (kernel_config: MODELYARD_ISA)."""
+    return ["-O3", *BUILD_FLAGS[kernel_config().isa], "-fopenmp", "-ffp-contract=fast"]
 
 
 def cpu_has(flag: str) -> bool:
     """True when /proc/cpuinfo lists `flag` (e.g. "avx512_bf16") for this CPU."""
-    return flag in _cpu_flags().split()
+    return flag in cpu_flags()
 
 
 def _build_name() -> str:
     digest = hashlib.sha256()
     texts = [f.read_text() for f in (*_SOURCES, *_HEADERS)]
-    for part in (*texts, torch.__version__, " ".join(_FLAGS), _cpu_flags()):
+    flags = " ".join(sorted(cpu_flags()))
+    for part in (*texts, torch.__version__, " ".join(_flags()), flags):
         digest.update(part.encode())
-    return f"modelyard_kernels_{digest.hexdigest()[:12]}"
+    return f"modelyard_kernels_{kernel_config().isa}_{digest.hexdigest()[:12]}"
 
 
 def _build_dir(name: str) -> Path:
@@ -87,7 +86,7 @@ def _ninja_on_path() -> None:
 @functools.cache
 def load() -> bool:
     """Build (first time) and register the kernels; False when unavailable or switched off."""
-    if os.environ.get("MODELYARD_NATIVE_KERNELS", "1") == "0":
+    if not kernel_config().native_kernels:
         return False
     from torch.utils import cpp_extension
 
@@ -97,7 +96,7 @@ def load() -> bool:
         cpp_extension.load(
             name=name,
             sources=[str(f) for f in _SOURCES],
-            extra_cflags=_FLAGS,
+            extra_cflags=_flags(),
             extra_ldflags=["-fopenmp"],
             build_directory=str(_build_dir(name)),
             is_python_module=False,
@@ -231,13 +230,35 @@ def bf16_gemm_supported() -> bool:
 
 @functools.cache
 def bf16_gemm_exact() -> bool:
-    """True when the runner's bf16 GEMM gives oneDNN's bits on this host: `packed_linear_bf16`
-    and `packed_swiglu_bf16` equal F.linear (and F.silu(gate) * up) on random rows of the
-    model's shapes, checked once at load. Its summation order is the one oneDNN's AVX-512 BF16
-    kernels use; where oneDNN picks other kernels (AMX, another torch), the order differs and the
-    runner's linear layers stay on oneDNN."""
+    """True when the runner's AVX-512 BF16 GEMM gives oneDNN's bits on this host:
+    `packed_linear_bf16` and `packed_swiglu_bf16` equal F.linear (and F.silu(gate) * up) on
+    random rows of the model's shapes, checked once at load. Its summation order is the one
+    oneDNN's AVX-512 BF16 kernels use; where oneDNN picks other kernels (AMX, another torch),
+    the order differs."""
     if not bf16_gemm_supported():
         return False
+    return _gives_onednns_bits(packed_linear_bf16, packed_swiglu_bf16, (1, 7, 32, 200))
+
+
+# rows up to which the AMX kernel runs (oneDNN's AMX kernels sum in its order up to here)
+AMX_ROWS = 32
+
+
+@functools.cache
+def amx_gemm_exact() -> bool:
+    """True when the runner's AMX GEMM gives oneDNN's bits at up to `AMX_ROWS` rows here
+    (oneDNN's own AMX kernels at those sizes sum each output over k in order, as tiles do;
+    past 32 rows they split the sum otherwise), checked once at load like `bf16_gemm_exact`."""
+    if not amx_ready():
+        return False
+    return _gives_onednns_bits(packed_linear_amx, packed_swiglu_amx, (1, 7, 17, AMX_ROWS))
+
+
+def _gives_onednns_bits(
+    linear: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+    swiglu: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+    row_counts: tuple[int, ...],
+) -> bool:
     import torch.nn.functional as F
 
     generator = torch.Generator().manual_seed(0)
@@ -248,19 +269,56 @@ def bf16_gemm_exact() -> bool:
     for k in (576, 1536):
         weight, gate, up = (randn(96, k) * 0.05 for _ in range(3))
         packed, both = pack_bf16(weight), pack_swiglu_bf16(gate, up)
-        for rows in (1, 7, 32, 200):
+        for rows in row_counts:
             x = randn(rows, k)
-            linear = torch.equal(packed_linear_bf16(x, packed, 96), F.linear(x, weight))
-            swiglu = torch.equal(
-                packed_swiglu_bf16(x, both, 96), F.silu(F.linear(x, gate)) * F.linear(x, up)
+            same = torch.equal(linear(x, packed, 96), F.linear(x, weight)) and torch.equal(
+                swiglu(x, both, 96), F.silu(F.linear(x, gate)) * F.linear(x, up)
             )
-            if not (linear and swiglu):
+            if not same:
                 log.warning(
-                    "the runner's bf16 GEMM does not sum in oneDNN's order on this host; "
-                    "bf16 linear layers stay on oneDNN"
+                    "the runner's %s does not sum in oneDNN's order on this host", linear.__name__
                 )
                 return False
     return True
+
+
+Bf16Path = Literal["avx512", "amx"]
+
+
+@functools.cache
+def bf16_gemm_path() -> Bf16Path | None:
+    """Which of the runner's bf16 GEMMs replaces oneDNN at decode sizes (None: neither).
+
+    `amx` where the kernels have AMX tiles, else `avx512` where they have AVX-512 BF16; by
+    default (`MODELYARD_BF16_GEMM=auto`) only where it gives oneDNN's bits here; `always` takes
+    it regardless (its own summation order: bf16 results then part from F.linear's in the last
+    bit now and then); `onednn` never."""
+    mode = kernel_config().bf16_gemm
+    if mode == "onednn":
+        return None
+    if amx_ready():
+        return "amx" if mode == "always" or amx_gemm_exact() else None
+    if bf16_gemm_supported():
+        return "avx512" if mode == "always" or bf16_gemm_exact() else None
+    return None
+
+
+def amx_ready() -> bool:
+    """True when the kernels were built for AMX tiles and the OS granted this process the tile
+    state (arch_prctl(ARCH_REQ_XCOMP_PERM), asked once): `packed_linear_amx` runs."""
+    return load() and bool(torch.ops.modelyard_kernels.amx_ready())
+
+
+def packed_linear_amx(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """`packed_linear_bf16` on AMX tiles, K a multiple of 32."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_amx(x, packed, n)
+    return out
+
+
+def packed_swiglu_amx(x: torch.Tensor, packed: torch.Tensor, width: int) -> torch.Tensor:
+    """`packed_swiglu_bf16` on AMX tiles, K a multiple of 32."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_swiglu_amx(x, packed, width)
+    return out
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -291,6 +349,41 @@ def packed_swiglu_bf16(x: torch.Tensor, packed: torch.Tensor, width: int) -> tor
     return out
 
 
+def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float weight -> int8 panels (ceil(N / 16), K, 16) for `packed_linear_int8` and a
+    float32 scale per output row (zero-padded to the panels): symmetric, max |w| -> 127."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # (N,)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    n, k = q.shape
+    panels = (n + 15) // 16
+    padded = torch.zeros(panels * 16, k, dtype=torch.int8)
+    padded[:n] = q
+    scales = torch.zeros(panels * 16)
+    scales[:n] = scale
+    return padded.view(panels, 16, k).transpose(1, 2).contiguous(), scales
+
+
+def dequantize_int8(packed: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:
+    """`pack_int8`'s panels and scale back to the (N, K) float32 weight they stand for."""
+    panels, k, _ = packed.shape
+    rows = packed.transpose(1, 2).reshape(panels * 16, k)[:n]
+    return rows.float() * scale[:n, None]
+
+
+def packed_linear_int8(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    n: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x (M, K) float32 or bfloat16 contiguous -> x (W_q * s)^T (+ bias, float32) (M, N) of x's
+    dtype, the int8 weights widened in registers and the sums made in float32."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_int8(x, packed, scale, n, bias)
+    return out
+
+
 def pack_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SwiGLU's gate and up weights (I, K) float32 -> panels for `packed_swiglu`, 16 gate rows
     and the same 16 up rows in turn (zero-padded)."""
@@ -307,4 +400,5 @@ def packed_swiglu(x: torch.Tensor, packed: torch.Tensor, width: int) -> torch.Te
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    print("modelyard kernels:", "ready" if load() else "unavailable (torch path in use)")
+    state = "ready" if load() else "unavailable (torch path in use)"
+    print(f"modelyard kernels for {kernel_config().isa}:", state)

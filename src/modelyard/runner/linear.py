@@ -7,8 +7,8 @@ rows for SmolLM2's lm_head on a 2-core AVX2 host); oneDNN with a weight packed o
 The runner's kernel (`csrc/gemm.cpp`: 16-column weight panels packed at load, a 6 x 16
 register-blocked micro-kernel, the next weight chunk prefetched at decode sizes) reaches 85-95
 GFLOP/s at 32 rows over the whole model's weights on the same host, and matches `F.linear` at
-prefill sizes (~120 GFLOP/s at 2048 rows over SmolLM2's four layer shapes; see
-docs/benchmarks.md).
+prefill sizes (~120 GFLOP/s at 2048 rows over SmolLM2's four layer shapes). Built for
+AVX-512, the micro-kernel holds 12 x 16 outputs in 16-float registers instead (same bits).
 
 `SwiGLU` packs a layer's gate and up weights together, 16 rows of each in turn, and the kernel
 applies silu(gate) * up to each pair of 16-column tiles while they are still in L1, so the
@@ -24,8 +24,18 @@ bf16 runs the runner's own GEMM instead (`csrc/gemm_bf16.cpp`: `vdpbf16ps` panel
 weights prefetched), which sums in oneDNN's order and so gives the same bits (tested at 1-64
 rows), ~1.35x faster over a decode step's weights. bf16 `SwiGLU` runs it at every row count
 (the order holds there too, tested to 2048 rows), with silu(gate) * up applied to its tiles as
-the float32 kernel does. Both only where `kernels.bf16_gemm_exact()` finds oneDNN's bits at load
-(oneDNN's AMX kernels, for one, sum in another order); elsewhere bf16 keeps oneDNN.
+the float32 kernel does. On AMX hosts the runner's AMX tile GEMM (`csrc/gemm_amx.cpp`, the same
+panels) runs instead at up to 32 rows, where oneDNN's AMX kernels sum in its order (tested at
+1-32 rows; past 32 they split the sum otherwise and keep the layer), SwiGLU fused likewise:
+1.5x oneDNN's speed at 32 rows, where a decode step is bound by streaming the weights. Which
+kernel, if any, is `kernels.bf16_gemm_path()`: only where it finds oneDNN's bits at load unless
+`MODELYARD_BF16_GEMM=always` (runner.kernel_config); elsewhere bf16 keeps oneDNN.
+
+With `MODELYARD_WEIGHTS=int8` (float32 or bf16 models, kernels built) every layer keeps its
+weight as int8 with a float32 scale per output row instead (`csrc/gemm_int8.cpp`: widened in
+registers, summed in float32) at decode sizes, and dequantized to the model's dtype for one
+`F.linear` per call at prompt sizes: fewer bytes to stream per decode step, results within the
+int8 rounding of the weights (the quality bounds are tested on the real model).
 
 Without the compiled kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32
 and bfloat16 use `F.linear`. float32 results differ from `F.linear` only in summation order
@@ -34,18 +44,21 @@ and bfloat16 use `F.linear`. float32 results differ from `F.linear` only in summ
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from modelyard.runner import kernels
+from modelyard.runner.kernel_config import kernel_config
+
+Gemm = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def packing_available(dtype: torch.dtype) -> bool:
     """True when weights of this dtype are packed once on this host (float32: the runner's
     GEMM; bfloat16: oneDNN's layout, where oneDNN has native bf16 kernels)."""
-    if os.environ.get("MODELYARD_PACKED_LINEAR", "1") == "0":
+    if not kernel_config().packed_linear:
         return False
     if dtype == torch.bfloat16:
         return _onednn_bf16()
@@ -56,7 +69,8 @@ def _onednn_bf16() -> bool:
     """oneDNN's bf16 matmul runs natively here (AVX-512 BF16 or AMX), not emulated."""
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and kernels.cpu_has("avx512_bf16")
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return native and kernels.cpu_has("avx512_bf16") and kernel_config().has("avx512-bf16")
 
 
 def _pack_onednn(weight: torch.Tensor) -> torch.Tensor:
@@ -81,23 +95,58 @@ _DECODE_ROWS = 64  # bf16 up to this many rows runs the runner's own GEMM where 
 _EXACT_K = 3072
 
 
+def runner_gemm(k: int, *, swiglu: bool) -> tuple[Gemm, int] | None:
+    """The runner's bf16 GEMM for inputs of K features, and the most rows it takes, where
+    `kernels.bf16_gemm_path()` has one that handles this K; None: oneDNN's."""
+    path = kernels.bf16_gemm_path()
+    if path == "amx" and k % 32 == 0:
+        gemm = kernels.packed_swiglu_amx if swiglu else kernels.packed_linear_amx
+        return gemm, kernels.AMX_ROWS
+    if path == "avx512" and k % 2 == 0 and k <= _EXACT_K:
+        gemm = kernels.packed_swiglu_bf16 if swiglu else kernels.packed_linear_bf16
+        return gemm, _ANY_ROWS if swiglu else _DECODE_ROWS
+    return None
+
+
+_ANY_ROWS = 1 << 62
+
+
 class Linear:
     """y = x W^T + b for x (M, K), W (N, K), b (N,) or None; W packed when `pack`."""
 
-    __slots__ = ("_bf16", "_bias", "_onednn", "_packed", "_weight", "out_features")
+    __slots__ = (
+        "_bf16",
+        "_bias",
+        "_gemm",
+        "_int8",
+        "_onednn",
+        "_packed",
+        "_weight",
+        "out_features",
+    )
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool, decode: bool = True
+    ) -> None:
+        """`decode`: False leaves bf16 rows of every count to oneDNN (for SwiGLU's prefill)."""
         self.out_features = int(weight.shape[0])
         self._bias = bias
         self._packed: torch.Tensor | None = None
         self._onednn: torch.Tensor | None = None
         self._bf16: torch.Tensor | None = None
+        self._gemm: tuple[Gemm, int] | None = None  # the runner's bf16 GEMM, up to rows
+        self._int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._weight: torch.Tensor | None = weight
-        if pack and weight.dtype == torch.bfloat16:
+        if pack and int8_weights():
+            packed, scale = kernels.pack_int8(weight)
+            self._int8 = (packed, scale, None if bias is None else bias.float().contiguous())
+            self._weight = None
+        elif pack and weight.dtype == torch.bfloat16:
             self._onednn = _pack_onednn(weight)
             self._weight = None
-            k = int(weight.shape[1])
-            if bias is None and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_exact():
+            if bias is None and decode:
+                self._gemm = runner_gemm(int(weight.shape[1]), swiglu=False)
+            if self._gemm is not None:
                 self._bf16 = kernels.pack_bf16(weight)
         elif pack:
             self._packed = kernels.pack_weight(weight)
@@ -108,19 +157,34 @@ class Linear:
             return kernels.packed_linear(
                 x.contiguous(), self._packed, self.out_features, self._bias
             )
-        if self._bf16 is not None and x.shape[0] <= _DECODE_ROWS:
-            return kernels.packed_linear_bf16(x.contiguous(), self._bf16, self.out_features)
+        if self._int8 is not None:
+            return self._int8_linear(x)
+        if self._bf16 is not None and self._gemm is not None and x.shape[0] <= self._gemm[1]:
+            return self._gemm[0](x.contiguous(), self._bf16, self.out_features)
         if self._onednn is not None:
             return _onednn_linear(x, self._onednn, self._bias)
         if self._weight is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("Linear has no weight")
         return F.linear(x, self._weight, self._bias)
 
+    def _int8_linear(self, x: torch.Tensor) -> torch.Tensor:
+        packed, scale, bias = self._int8  # type: ignore[misc]
+        n = self.out_features
+        if x.shape[0] <= _DECODE_ROWS:
+            return kernels.packed_linear_int8(x.contiguous(), packed, scale, n, bias)
+        weight = kernels.dequantize_int8(packed, scale, n).to(x.dtype)
+        return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+
+
+def int8_weights() -> bool:
+    """True when linear layers keep int8 weights (MODELYARD_WEIGHTS=int8, kernels built)."""
+    return kernel_config().weights == "int8" and kernels.load()
+
 
 class SwiGLU:
     """x -> silu(x Wg^T) * (x Wu^T) for Wg, Wu (I, K): a Llama MLP's input side."""
 
-    __slots__ = ("_bf16", "_both", "_fused_act", "_packed", "width")
+    __slots__ = ("_bf16", "_both", "_fused_act", "_gemm", "_packed", "width")
 
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, *, pack: bool) -> None:
         self.width = int(gate.shape[0])
@@ -129,21 +193,26 @@ class SwiGLU:
         self._both: Linear | None = None
         # bf16 with the kernels built: the activation in one pass (torch's two roundings)
         self._fused_act = gate.dtype == torch.bfloat16 and kernels.load()
-        k = int(gate.shape[1])
-        if pack and gate.dtype == torch.float32:
+        int8 = pack and int8_weights()  # the concatenated weight as an int8 Linear below
+        bf16 = pack and gate.dtype == torch.bfloat16 and not int8
+        self._gemm = runner_gemm(int(gate.shape[1]), swiglu=True) if bf16 else None
+        if pack and gate.dtype == torch.float32 and not int8:
             self._packed = kernels.pack_swiglu(gate, up)
-        elif pack and k % 2 == 0 and k <= _EXACT_K and kernels.bf16_gemm_exact():
-            # bf16 on the runner's GEMM (oneDNN's summation order up to this K, at any row
-            # count: tested) with the activation applied to its tiles
+        if self._gemm is not None:
+            # bf16 on the runner's GEMM (oneDNN's summation order: tested) with the activation
+            # applied to its tiles
             self._bf16 = kernels.pack_swiglu_bf16(gate, up)
-        else:  # one matmul for both (bf16: packed by oneDNN when `pack`)
-            self._both = Linear(torch.cat([gate, up]).contiguous(), None, pack=pack)
+        if self._packed is None and (self._gemm is None or self._gemm[1] < _ANY_ROWS):
+            # one matmul for both, for every row count or past the runner GEMM's (bf16: packed
+            # by oneDNN when `pack`)
+            both = torch.cat([gate, up]).contiguous()
+            self._both = Linear(both, None, pack=pack, decode=False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
             return kernels.packed_swiglu(x.contiguous(), self._packed, self.width)
-        if self._bf16 is not None:
-            return kernels.packed_swiglu_bf16(x.contiguous(), self._bf16, self.width)
+        if self._bf16 is not None and self._gemm is not None and x.shape[0] <= self._gemm[1]:
+            return self._gemm[0](x.contiguous(), self._bf16, self.width)
         if self._both is None:  # pragma: no cover - one of the two is always set
             raise RuntimeError("SwiGLU has no weight")
         both = self._both(x)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from contextlib import AbstractContextManager
 from typing import Literal
 
@@ -34,6 +33,7 @@ from modelyard.engine.scheduler_output import (
 )
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
+from modelyard.runner.kernel_config import kernel_config
 from modelyard.runner.loader import ResolvedModel, resolve_model
 from modelyard.runner.models.hf_generic import GenericModel
 from modelyard.runner.models.llama import LlamaModel, native_supports
@@ -61,7 +61,7 @@ def choose_implementation(resolved: ResolvedModel, requested: str) -> Implementa
 
 # decode steps run the kernels' parallel calls with a spinning helper (kernels.team);
 # MODELYARD_DECODE_TEAM=0 keeps ATen's passive threads for them
-_TEAM = os.environ.get("MODELYARD_DECODE_TEAM", "1") != "0"
+_TEAM = kernel_config().decode_team
 
 
 class ModelRunner:

@@ -5,12 +5,13 @@ import json
 import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
-from modelyard.bench.cli import sweep_points
+from modelyard.bench.cli import point_seed, sweep_points
 from modelyard.bench.client import EndpointConfig
 from modelyard.bench.loadgen import ArrivalConfig, arrival_offsets, run_load
 from modelyard.bench.workloads import LengthDist, Workload, WorkloadConfig
@@ -45,6 +46,21 @@ def test_workload_is_seeded_and_hits_target_lengths() -> None:
         assert len(spec.prompt.split()) == spec.prompt_tokens
         assert spec.max_tokens == 7
     assert len({s.prompt for s in a}) == 20
+
+
+def test_every_sweep_point_and_seed_draws_prompts_of_its_own() -> None:
+    """A sweep resends no prompt: each point's workload has its own seed, and runs with other
+    seeds (one per server compared) share none either, so no prefix cache serves them."""
+    cfg = WorkloadConfig(input_len=LengthDist.parse("64"), output_len=LengthDist.parse("8"))
+    seeds = {point_seed(seed, index) for seed in range(4) for index in range(6)}
+    assert len(seeds) == 24
+    firsts = set()
+    for seed in seeds:
+        prompts = [
+            s.prompt for s, _ in zip(Workload(replace(cfg, seed=seed)), range(8), strict=False)
+        ]
+        firsts.update(p[:60] for p in prompts)
+    assert len(firsts) == 24 * 8
 
 
 def test_tokenizer_prompts_have_exact_token_lengths() -> None:

@@ -13,8 +13,10 @@ from modelyard.engine.messages import (
     EngineReady,
     EngineRequest,
     FinishReason,
+    PinPrefix,
     SchedulerStats,
 )
+from modelyard.engine.sampling_params import SamplingParams
 from modelyard.engine.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
 from modelyard.transport.inproc import inproc_pair
 
@@ -46,6 +48,10 @@ class FakeCore:
     added: list[EngineRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     requests: dict[str, _Running] = field(default_factory=dict)
+    max_pinned_blocks: int = 4  # announced in EngineReady
+    fail_pins: bool = False  # pin prefills fail like a refused request
+    pinned: list[str] = field(default_factory=list)  # prefix ids of PinPrefix commands
+    unpinned: list[str] = field(default_factory=list)  # prefix ids of UnpinPrefixes
 
     def add_request(self, request: EngineRequest) -> None:
         if not request.prompt_token_ids:
@@ -57,6 +63,25 @@ class FakeCore:
         self.aborted.extend(request_ids)
         for rid in request_ids:
             self.requests.pop(rid, None)
+
+    def pin_prefix(self, command: PinPrefix) -> None:
+        """A pin prefills like a request with max_tokens=1."""
+        if self.fail_pins:
+            raise ValueError("pin refused")
+        self.add_request(
+            EngineRequest(
+                request_id=command.request_id,
+                prompt_token_ids=command.token_ids,
+                sampling_params=SamplingParams(max_tokens=1),
+            )
+        )
+        self.pinned.append(command.prefix_id)
+
+    def unpin_prefixes(self, prefix_ids: list[str]) -> None:
+        self.unpinned.extend(prefix_ids)
+
+    def expire_pins(self) -> None:
+        """No TTLs in the fake."""
 
     def has_unfinished_requests(self) -> bool:
         if self.killed:
@@ -130,6 +155,7 @@ class ThreadWorker:
             dtype="float32",
             implementation="fake",
             rss_bytes=0,
+            max_pinned_blocks=self.core.max_pinned_blocks,
         )
         self.conn.send(ready)
         try:

@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from modelyard.runner import linear
+from modelyard.runner.kernel_config import KernelConfig, kernel_config
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
 
 pytestmark = pytest.mark.unit
@@ -74,7 +76,10 @@ def test_bfloat16_decode_gemm_gives_f_linears_bits(out_features: int, in_feature
     from modelyard.runner import kernels
 
     if not kernels.bf16_gemm_exact():
-        pytest.skip("no AVX-512 BF16, or oneDNN sums in another order here (AMX): not used")
+        pytest.skip(
+            "no AVX-512 BF16, or oneDNN sums in another order (AMX: run under MODELYARD_ISA="
+            "avx512-bf16 by test_isa_paths)"
+        )
     torch.manual_seed(in_features)
     weight = torch.randn(out_features, in_features).bfloat16()
     packed = kernels.pack_bf16(weight)
@@ -92,7 +97,10 @@ def test_bfloat16_decode_gemm_gives_f_linears_bits_on_single_rows(in_features: i
     from modelyard.runner import kernels
 
     if not kernels.bf16_gemm_exact():
-        pytest.skip("no AVX-512 BF16, or oneDNN sums in another order here (AMX): not used")
+        pytest.skip(
+            "no AVX-512 BF16, or oneDNN sums in another order (AMX: run under MODELYARD_ISA="
+            "avx512-bf16 by test_isa_paths)"
+        )
     torch.manual_seed(in_features)
     weight = torch.randn(1536, in_features).bfloat16()
     packed = kernels.pack_bf16(weight)
@@ -115,7 +123,10 @@ def test_bfloat16_fused_swiglu_gives_torchs_bits(width: int, in_features: int) -
     from modelyard.runner import kernels
 
     if not kernels.bf16_gemm_exact():
-        pytest.skip("no AVX-512 BF16, or oneDNN sums in another order here (AMX): not used")
+        pytest.skip(
+            "no AVX-512 BF16, or oneDNN sums in another order (AMX: run under MODELYARD_ISA="
+            "avx512-bf16 by test_isa_paths)"
+        )
     torch.manual_seed(width)
     gate = (torch.randn(width, in_features) * 0.3).bfloat16()
     up = torch.randn(width, in_features).bfloat16()
@@ -145,26 +156,34 @@ def test_bfloat16_gemm_refuses_the_other_kind_of_panels() -> None:
 def test_bfloat16_gemm_is_exact_where_onednn_runs_avx512_bf16() -> None:
     """The runner's bf16 GEMM is used only where its load-time check finds oneDNN's bits; on an
     AVX-512 BF16 host without AMX (oneDNN's AVX-512 BF16 kernels, the order the GEMM follows)
-    the check must pass, so a GEMM that lost the order fails here instead of the tests above
-    skipping. Linear and SwiGLU then run it; elsewhere they stay on oneDNN."""
+    the check must pass, as must the AMX kernel's where the kernels have AMX tiles, so a GEMM
+    that lost the order fails here instead of the tests above skipping. Linear and SwiGLU then
+    run it; elsewhere they stay on oneDNN."""
     from modelyard.runner import kernels
 
-    exact = kernels.bf16_gemm_exact()
-    if kernels.cpu_has("avx512_bf16") and not kernels.cpu_has("amx_bf16"):
-        assert exact
+    config = kernel_config()
+    if config.isa == "avx512-bf16" and config.host == "avx512-bf16":
+        assert kernels.bf16_gemm_exact()
+        assert kernels.bf16_gemm_path() == "avx512"
+    if kernels.amx_ready():
+        assert kernels.amx_gemm_exact()
+        assert kernels.bf16_gemm_path() == "amx"
+    pack = packing_available(torch.bfloat16)  # as the model packs its weights
+    runs = pack and kernels.bf16_gemm_path() is not None
     weight = torch.randn(64, 576).bfloat16()
-    assert (Linear(weight, None, pack=True)._bf16 is not None) == exact
-    assert (SwiGLU(weight, weight, pack=True)._bf16 is not None) == exact
+    assert (Linear(weight, None, pack=pack)._bf16 is not None) == runs
+    assert (SwiGLU(weight, weight, pack=pack)._bf16 is not None) == runs
 
 
 def test_bfloat16_packing_follows_the_host() -> None:
     """Packed exactly where oneDNN runs bf16 natively (AVX-512 BF16 / AMX)."""
     from modelyard.runner import kernels
 
-    native = kernels.cpu_has("avx512_bf16")
+    native = kernels.cpu_has("avx512_bf16") and kernel_config().has("avx512-bf16")
     assert packing_available(torch.bfloat16) == (native and torch.backends.mkldnn.is_available())
 
 
 def test_packing_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MODELYARD_PACKED_LINEAR", "0")
+    switched_off = KernelConfig.from_env({"MODELYARD_PACKED_LINEAR": "0"})
+    monkeypatch.setattr(linear, "kernel_config", lambda: switched_off)
     assert not packing_available(torch.float32)

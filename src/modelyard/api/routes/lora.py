@@ -13,7 +13,7 @@ admin scope (the gateway's `require_admin`; with auth off every caller holds it)
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
@@ -22,6 +22,7 @@ from starlette.responses import PlainTextResponse
 from modelyard.api.errors import APIError
 from modelyard.api.lora import LoRARegistry
 from modelyard.engine.config import LoRAConfig
+from modelyard.engine.protocol import LoRAClient, serves_lora
 from modelyard.gateway.request_path import require_admin
 from modelyard.manager.base import ModelNotFoundError
 from modelyard.manager.entries import State
@@ -73,7 +74,9 @@ async def unload_lora_adapter(
     state_of = getattr(provider, "state", None)
     if state_of is not None and state_of(adapter.base) == State.LOADED:
         async with provider.lease(adapter.base) as lease:
-            await lease.llm.drop_loras([adapter.lora.name])
+            llm = lease.llm
+            if serves_lora(llm):
+                await cast(LoRAClient, llm).drop_loras([adapter.lora.name])
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 

@@ -28,6 +28,7 @@ from modelyard.api.generation import (
 from modelyard.api.listing import visible_model_names
 from modelyard.api.openai_format import ChoiceText, OpenAIFormat, finish_reason_of, usage_body
 from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
+from modelyard.api.routes.prefixes import resolve_named_prefix
 from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.protocol import LLMClient
@@ -47,9 +48,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     messages = [m.as_template_message() for m in body.messages]
 
     async def build(llm: LLMClient) -> list[Prompt]:
-        if sum(len(m["content"]) for m in messages) > _INLINE_TEMPLATE_CHARS:
-            return [await asyncio.to_thread(llm.apply_chat_template, messages)]
-        return [llm.apply_chat_template(messages)]
+        head: list[int] = []
+        full = messages
+        if body.prefix_id is not None:
+            pinned = resolve_named_prefix(request, llm, body.prefix_id, body.model)
+            if pinned.messages is not None:
+                full = [*pinned.messages, *messages]
+            else:
+                head = pinned.token_ids
+        if sum(len(m["content"]) for m in full) > _INLINE_TEMPLATE_CHARS:
+            return [head + await asyncio.to_thread(llm.apply_chat_template, full)]
+        return [head + llm.apply_chat_template(full)]
 
     return await serve_openai(
         request,
@@ -70,7 +79,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompts = body.prompts()
 
     async def build(llm: LLMClient) -> list[Prompt]:
-        return list(prompts)
+        if body.prefix_id is None:
+            return list(prompts)
+        head = resolve_named_prefix(request, llm, body.prefix_id, body.model).token_ids
+        return [head + _token_ids(llm, p) for p in prompts]
 
     return await serve_openai(
         request,
@@ -189,6 +201,13 @@ async def stream_events(
     finally:
         await gen.aclose()
     yield SSE_DONE
+
+
+def _token_ids(llm: LLMClient, prompt: Prompt) -> list[int]:
+    """A prompt that follows a pinned prefix, as token ids (no special tokens added)."""
+    if isinstance(prompt, str):
+        return llm.tokenizer.encode(prompt, add_special_tokens=False)
+    return list(prompt)
 
 
 def _token_counts(gen: Generation) -> tuple[int, int]:

@@ -15,7 +15,7 @@
 // microseconds, so a process beside it still gets the core, and a call never waits for a helper
 // that has not started on it: the caller takes back a call the helper has not picked up yet.
 // The cost: when the scheduler preempts the helper in the middle of its unit, the call waits
-// until it runs again (docs/benchmarks.md, step 18).
+// until it runs again (MODELYARD_DECODE_TEAM=0 switches the helper off).
 #pragma once
 
 #include <ATen/Parallel.h>

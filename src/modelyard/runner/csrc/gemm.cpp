@@ -6,7 +6,7 @@
 // W[p*16 .. p*16+15][k] for k = 0..K-1, 16 floats per k (zero columns pad the last panel).
 // The micro-kernel keeps a 6 x 16 block of y in 12 vector registers and, per k, loads two
 // vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
-// shape). K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
+// shape); built for AVX-512, a 12 x 16 block in 12 registers of 16 floats. K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
 // in L1 while every row block of x passes over it; groups of panels are claimed by the ATen
 // thread pool's threads in turn (claim.h). For a Llama MLP's gate and up projections
 // (pack_swiglu, packed_swiglu) gate and up panels alternate and silu(gate) * up is applied to
@@ -26,12 +26,26 @@ using modelyard::exp8;
 using modelyard::splat;
 using modelyard::v8;
 
-constexpr int64_t kNR = 16;   // output columns per panel (two 8-float vectors)
-constexpr int64_t kMR = 6;    // rows of x per micro-kernel call
+constexpr int64_t kNR = 16;   // output columns per panel (two 8-float vectors, or one 16-float)
 constexpr int64_t kKC = 320;  // k per cache block, at most (a 20 KiB panel chunk)
 constexpr int64_t kMC = 96;   // rows of x per cache block (prefill sizes)
 
+// The micro-kernel's vector: 16 floats where the kernels are built for AVX-512 (one register
+// per panel row: half the instructions per FMA, and on cores with two 512-bit FMA units twice
+// the arithmetic per cycle), else 8. Either way each output sums its k in order, so both give
+// the same bits.
+#if defined(__AVX512F__)
+using vec = modelyard::v16;
+constexpr int64_t kMR = 12;  // rows of x per micro-kernel call: 12 accumulators
+#else
+using vec = v8;
+constexpr int64_t kMR = 6;  // rows of x per micro-kernel call: 6 x 2 accumulators
+#endif
+constexpr int kVecs = kNR / (sizeof(vec) / sizeof(float));  // vectors per panel row
+constexpr int kLanes = kNR / kVecs;
+
 inline v8 load(const float* p) { return *reinterpret_cast<const v8*>(p); }
+inline vec load_vec(const float* p) { return *reinterpret_cast<const vec*>(p); }
 
 // y[i][0..ncols) (+)= sum over k < k_len of x[i][k] * panel[k][..] for the rows i < MR: the
 // first K chunk stores, later ones add to y; the last adds the bias. With PF, one 64-byte line
@@ -41,8 +55,10 @@ template <int MR, bool PF>
 inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len, bool first,
                   const float* bias, float* y, int64_t ldy, int64_t ncols, const float* pf,
                   int64_t pf_every) {
-  v8 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = v8{};
+  vec acc[MR][kVecs];
+  for (int i = 0; i < MR; ++i) {
+    for (int h = 0; h < kVecs; ++h) acc[i][h] = vec{};
+  }
   int64_t countdown = 1;
   for (int64_t k = 0; k < k_len; ++k) {
     if constexpr (PF) {
@@ -52,27 +68,27 @@ inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len
         countdown = pf_every;
       }
     }
-    const v8 b0 = load(panel + k * kNR), b1 = load(panel + k * kNR + 8);
-#pragma GCC unroll 6
+    vec b[kVecs];
+    for (int h = 0; h < kVecs; ++h) b[h] = load_vec(panel + k * kNR + h * kLanes);
+#pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
-      const v8 a = splat(x[i * ldx + k]);
-      acc[i][0] += a * b0;
-      acc[i][1] += a * b1;
+      const vec a = vec{} + x[i * ldx + k];
+      for (int h = 0; h < kVecs; ++h) acc[i][h] += a * b[h];
     }
   }
   for (int i = 0; i < MR; ++i) {
     float* out = y + i * ldy;
     if (ncols == kNR) {  // a whole panel: vector stores
-      v8 r0 = acc[i][0], r1 = acc[i][1];
-      if (!first) r0 = load(out) + r0, r1 = load(out + 8) + r1;
-      if (bias != nullptr) r0 += load(bias), r1 += load(bias + 8);
-      *reinterpret_cast<v8*>(out) = r0;
-      *reinterpret_cast<v8*>(out + 8) = r1;
+      for (int h = 0; h < kVecs; ++h) {
+        vec r = acc[i][h];
+        if (!first) r = load_vec(out + h * kLanes) + r;
+        if (bias != nullptr) r += load_vec(bias + h * kLanes);
+        *reinterpret_cast<vec*>(out + h * kLanes) = r;
+      }
       continue;
     }
-    alignas(32) float row[kNR];
-    *reinterpret_cast<v8*>(row) = acc[i][0];
-    *reinterpret_cast<v8*>(row + 8) = acc[i][1];
+    alignas(64) float row[kNR];
+    for (int h = 0; h < kVecs; ++h) *reinterpret_cast<vec*>(row + h * kLanes) = acc[i][h];
     for (int64_t j = 0; j < ncols; ++j) {
       const float prior = first ? 0.f : out[j];
       out[j] = bias != nullptr ? prior + row[j] + bias[j] : prior + row[j];
@@ -94,8 +110,9 @@ void micro_rows(const float* x, int64_t ldx, const float* panel, int64_t k_len, 
   }
 }
 
-// Rows of x in as few micro-kernel calls as possible, of near-equal sizes (32 rows: 6 6 5 5 5 5,
-// not 6 6 6 6 6 2: a 2-row call has too few independent FMA chains to fill the pipes). With pf,
+// Rows of x in as few micro-kernel calls as possible, of near-equal sizes (32 rows of 6 at most:
+// 6 6 5 5 5 5, not 6 6 6 6 6 2: a 2-row call has too few independent FMA chains to fill the
+// pipes). With pf,
 // the k_len lines of the chunk at pf are prefetched, spread evenly over all the calls: call c
 // of C takes lines [c k_len / C, (c + 1) k_len / C), one every C steps of k.
 void row_blocks(const float* x, int64_t rows, int64_t ldx, const float* panel, int64_t k_len,

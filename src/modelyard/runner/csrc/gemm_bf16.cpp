@@ -77,23 +77,6 @@ at::Tensor pack_swiglu_bf16(const at::Tensor& gate, const at::Tensor& up) {
 // K > 1024 and there is more than one row
 int64_t block_pairs(int64_t m, int64_t k) { return k <= 1024 || m == 1 ? 256 : 512; }
 
-// a float32 sum rounded to bf16 as the GEMM stores it (vcvtneps2bf16), and back to float32
-inline modelyard::v16 as_stored(__m512 sum) {
-  const __m256i stored = (__m256i)_mm512_cvtneps_pbh(sum);
-  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(stored), 16);
-  return reinterpret_cast<const modelyard::v16&>(wide);
-}
-
-// cols (<= 16) columns of silu(gate) * up at y from the gate and up sums of one row, each
-// rounded first as F.linear stores it, then as HF's silu and product round theirs
-inline void swiglu_out(__m512 gate, __m512 up, at::BFloat16* y, int64_t cols) {
-  const modelyard::v16 out = modelyard::silu_times(as_stored(gate), as_stored(up));
-  if (cols == kCols) return modelyard::store_bf16x16(y, out);
-  alignas(32) at::BFloat16 row[kCols];
-  modelyard::store_bf16x16(row, out);
-  std::memcpy(y, row, cols * sizeof(at::BFloat16));
-}
-
 // rows x (MR, K) times panels a (and b when TWO) into y (MR rows, 16 or 32 columns, ldy; with
 // SWIGLU, a and b are a gate and an up panel and y gets 16 columns of silu(gate) * up); x rows
 // as 32-bit pairs (ldx pairs apart); pf: lines of the next panels to prefetch, one per `every`
@@ -128,7 +111,7 @@ void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
     }
   }
   if constexpr (SWIGLU) {
-    for (int i = 0; i < MR; ++i) swiglu_out(total[i][0], total[i][1], y + i * ldy, ncols);
+    for (int i = 0; i < MR; ++i) modelyard::swiglu_out(total[i][0], total[i][1], y + i * ldy, ncols);
     return;
   }
   for (int i = 0; i < MR; ++i) {

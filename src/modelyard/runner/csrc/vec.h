@@ -126,6 +126,33 @@ inline void store_bf16x16(void* p, v16 x) {
 }
 
 inline v16 silu_times(v16 g, v16 u) { return silu_times_lanes<v16, i16, u32x16>(g, u); }
+
+#if defined(__AVX512BF16__)
+// A bf16 GEMM's epilogue. as_stored: a float32 sum rounded to bf16 as the GEMM stores it
+// (vcvtneps2bf16), and back to float32.
+inline v16 as_stored(__m512 sum) {
+  const __m256i stored = (__m256i)_mm512_cvtneps_pbh(sum);
+  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(stored), 16);
+  return reinterpret_cast<const v16&>(wide);
+}
+
+// cols (<= 16) of 16 float32 sums at y as bf16 (vcvtneps2bf16)
+inline void store_sums(void* y, __m512 sum, int64_t cols) {
+  const __m256i out = (__m256i)_mm512_cvtneps_pbh(sum);
+  if (cols == 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), out);
+  _mm256_mask_storeu_epi16(y, static_cast<__mmask16>((1u << cols) - 1), out);
+}
+
+// cols (<= 16) columns of silu(gate) * up at y from the gate and up sums of one row, each
+// rounded first as F.linear stores it, then as HF's silu and product round theirs
+inline void swiglu_out(__m512 gate, __m512 up, void* y, int64_t cols) {
+  const v16 out = silu_times(as_stored(gate), as_stored(up));
+  if (cols == 16) return store_bf16x16(y, out);
+  alignas(32) uint16_t row[16];
+  store_bf16x16(row, out);
+  __builtin_memcpy(y, row, cols * sizeof(uint16_t));
+}
+#endif
 #endif
 
 }  // namespace modelyard

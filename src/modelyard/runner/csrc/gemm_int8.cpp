@@ -1,0 +1,143 @@
+// y = x (W_q * s)^T (+ b) with int8 weights and a float32 scale per output column (weight-only
+// int8, an opt-in of the runner: MODELYARD_WEIGHTS=int8).
+//
+// One request decoding (one row of x) is bound by streaming the weights from memory: int8 halves
+// bf16's bytes and quarters float32's. The weight is packed as the float32 GEMM's panels (16
+// output columns, k-major: 16 bytes per k), the int8 values widened to float32 in registers as
+// they stream in (vpmovsxbd + vcvtdq2ps), multiplied with x in float32, and each column's sum
+// scaled once at the end. x is float32 or bfloat16 (widened exactly), y has x's dtype (bf16:
+// rounded to nearest even). Work is split by units of panels claimed by the threads in turn
+// (claim.h); the next unit's panels are prefetched while one is computed. Up to kMR rows share
+// each widened weight vector; more rows run as further row blocks over the same (cached) panel.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "claim.h"
+#include "vec.h"
+
+namespace {
+
+constexpr int64_t kNR = 16;  // output columns per panel
+constexpr int64_t kMR = 8;   // rows of x per micro-kernel call
+constexpr int64_t kPanelsPerUnit = 4;
+
+typedef float f16v __attribute__((vector_size(64), aligned(4)));
+typedef int8_t i8x16 __attribute__((vector_size(16), aligned(1)));
+
+inline f16v widen(const int8_t* p) {
+  return __builtin_convertvector(*reinterpret_cast<const i8x16*>(p), f16v);
+}
+
+// rows (<= kMR) of x (float32, ldx apart) times one panel (k_len x 16 int8) -> sums (rows x 16)
+template <int MR>
+inline void micro(const float* x, int64_t ldx, const int8_t* panel, int64_t k_len, f16v* sums,
+                  const char* pf, int64_t pf_every) {
+  f16v acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = f16v{};
+  int64_t countdown = 1;
+  for (int64_t k = 0; k < k_len; ++k) {
+    if (pf != nullptr && --countdown == 0) {
+      __builtin_prefetch(pf, 0, 2);
+      pf += 64;
+      countdown = pf_every;
+    }
+    const f16v w = widen(panel + k * kNR);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i] += (f16v{} + x[i * ldx + k]) * w;
+  }
+  for (int i = 0; i < MR; ++i) sums[i] = acc[i];
+}
+
+template <int MR>
+void micro_rows(int rows, const float* x, int64_t ldx, const int8_t* panel, int64_t k_len,
+                f16v* sums, const char* pf, int64_t pf_every) {
+  if (rows == MR) return micro<MR>(x, ldx, panel, k_len, sums, pf, pf_every);
+  if constexpr (MR > 1) micro_rows<MR - 1>(rows, x, ldx, panel, k_len, sums, pf, pf_every);
+}
+
+template <typename T>
+void store_row(T* out, const f16v& sum, const float* scale, const float* bias, int64_t cols) {
+  alignas(64) float row[kNR];
+  *reinterpret_cast<f16v*>(row) = sum;
+  for (int64_t c = 0; c < cols; ++c) {
+    const float v = row[c] * scale[c] + (bias != nullptr ? bias[c] : 0.f);
+    out[c] = static_cast<T>(v);  // bf16: c10's round-to-nearest-even
+  }
+}
+
+template <typename T>
+void gemm(const float* xp, int64_t m, int64_t k, const at::Tensor& packed, const float* scale,
+          const float* bias, T* yp, int64_t n) {
+  const int64_t panels = packed.size(0);
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const int64_t units = (panels + kPanelsPerUnit - 1) / kPanelsPerUnit;
+  const int64_t panel_bytes = k * kNR;
+  modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
+    const int64_t p0 = unit * kPanelsPerUnit, p1 = std::min(panels, p0 + kPanelsPerUnit);
+    const char* next = following < units ? reinterpret_cast<const char*>(
+                                               wp + following * kPanelsPerUnit * panel_bytes)
+                                         : nullptr;
+    const int64_t next_lines = kPanelsPerUnit * panel_bytes / 64;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int8_t* panel = wp + p * panel_bytes;
+      const int64_t col = p * kNR, cols = std::min(kNR, n - col);
+      // this panel's share of the next unit's lines, one every few k of the first row block
+      const int64_t share = next_lines / kPanelsPerUnit;
+      const char* pf = next != nullptr ? next + (p - p0) * share * 64 : nullptr;
+      const int64_t every = std::max<int64_t>(1, k / std::max<int64_t>(1, share));
+      for (int64_t i = 0; i < m; i += kMR) {
+        const int rows = static_cast<int>(std::min(kMR, m - i));
+        f16v sums[kMR];
+        micro_rows<kMR>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr, every);
+        for (int r = 0; r < rows; ++r) {
+          store_row(yp + (i + r) * n + col, sums[r], scale + col, bias ? bias + col : nullptr,
+                    cols);
+        }
+      }
+    }
+  });
+}
+
+// x (M, K) float32 or bfloat16; packed (ceil(N / 16), K, 16) int8; scale (>= N,) float32;
+// bias (N,) float32 or undefined -> (M, N) of x's dtype
+at::Tensor packed_linear_int8(const at::Tensor& x, const at::Tensor& packed,
+                              const at::Tensor& scale, int64_t n,
+                              const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "packed_linear_int8: contiguous float32 or bfloat16 (M, K) input");
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 3 && packed.is_contiguous() &&
+                  packed.size(2) == kNR && packed.size(1) == x.size(1),
+              "packed_linear_int8: weight not from pack_int8 for this input");
+  TORCH_CHECK(n > (packed.size(0) - 1) * kNR && n <= packed.size(0) * kNR,
+              "packed_linear_int8: shapes do not match");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() >= n,
+              "packed_linear_int8: float32 scale per output column");
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "packed_linear_int8: float32 bias (N,)");
+    bp = bias->data_ptr<float>();
+  }
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  auto y = at::empty({x.size(0), n}, x.options());
+  if (x.size(0) == 0) return y;
+  const float* sp = scale.data_ptr<float>();
+  if (x.scalar_type() == at::kFloat) {
+    gemm(xf.data_ptr<float>(), x.size(0), x.size(1), packed, sp, bp, y.data_ptr<float>(), n);
+  } else {
+    gemm(xf.data_ptr<float>(), x.size(0), x.size(1), packed, sp, bp, y.data_ptr<at::BFloat16>(),
+         n);
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
+  m.def("packed_linear_int8(Tensor x, Tensor packed, Tensor scale, int n, Tensor? bias) -> Tensor");
+  m.impl("packed_linear_int8", c10::DispatchKey::CPU, &packed_linear_int8);
+}

@@ -1,0 +1,133 @@
+"""The runner's kernel switches and the host's instruction-set kind, read once at start-up.
+
+Host kinds, best first (each includes the ones after it):
+- `amx`: AMX tiles for bfloat16 (Intel Sapphire/Emerald/Granite Rapids) besides AVX-512 BF16;
+- `avx512-bf16`: AVX-512 with `vdpbf16ps` (AMD Zen 4/5, Intel Cooper Lake, Ice Lake+ servers);
+- `avx512`: AVX-512 without bf16 dot products (Skylake-X / Cascade Lake);
+- `avx2`: AVX2 + FMA only;
+- `generic`: none of these (the kernels build for the bare architecture).
+
+`MODELYARD_ISA` caps the kind the kernels are built and dispatched for, so one host tests its
+lower paths (an AMX host runs the `avx512-bf16` and `avx2` kernels). A cap above the host's kind
+is ignored. The other switches:
+- `MODELYARD_NATIVE_KERNELS=0`: no compiled kernels at all (the pure-torch path);
+- `MODELYARD_PACKED_LINEAR=0`: linear layers on `F.linear` (for comparisons);
+- `MODELYARD_DECODE_TEAM=0`: decode steps without the spinning helper thread (csrc/claim.h);
+- `MODELYARD_PREFILL_SDPA=1`: prompt rows attended by SDPA (its bits) instead of the kernel;
+- `MODELYARD_WEIGHTS=int8`: weight-only int8 linear layers (a scale per output row; the
+  activations stay float32 / bf16): half of bf16's bytes per decode step, a quarter of float32's,
+  at a small cost in quality (runner.linear; tests/integration/runner/test_int8_quality.py);
+- `MODELYARD_BF16_GEMM`: when the runner's own bf16 GEMM (AMX tiles, or AVX-512 BF16) replaces
+  oneDNN's at decode sizes: `auto` (default) where it gives oneDNN's bits (checked at load),
+  `always` wherever it is built (its own summation order where oneDNN's differs), `onednn` never.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+HostKind = Literal["amx", "avx512-bf16", "avx512", "avx2", "generic"]
+Bf16Gemm = Literal["auto", "always", "onednn"]
+Weights = Literal["", "int8"]
+KINDS: tuple[HostKind, ...] = ("amx", "avx512-bf16", "avx512", "avx2", "generic")
+_REQUIRED: dict[HostKind, tuple[str, ...]] = {
+    "amx": ("amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl"),
+    "avx512-bf16": ("avx512_bf16", "avx512f", "avx512bw", "avx512vl"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl"),
+    "avx2": ("avx2", "fma"),
+    "generic": (),
+}
+# compiler flags that make a kind's code and nothing above it (`-march=native` minus the rest)
+_NO_AMX = ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"]
+BUILD_FLAGS: dict[HostKind, list[str]] = {
+    "amx": ["-march=native"],
+    "avx512-bf16": ["-march=native", *_NO_AMX],
+    "avx512": ["-march=native", *_NO_AMX, "-mno-avx512bf16"],
+    "avx2": ["-march=haswell", "-mtune=native"],
+    "generic": ["-march=x86-64", "-mtune=native"],
+}
+
+
+def cpu_flags() -> frozenset[str]:
+    """The flags /proc/cpuinfo lists for this CPU (empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_kind(flags: frozenset[str] | None = None) -> HostKind:
+    """The best kind whose flags this CPU lists."""
+    flags = cpu_flags() if flags is None else flags
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "generic"
+    return next(k for k in KINDS if all(f in flags for f in _REQUIRED[k]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelConfig:
+    """What the runner's kernels may use; `from_env` reads it once."""
+
+    isa: HostKind  # the kind the kernels are built and dispatched for (<= the host's)
+    host: HostKind  # the host's own kind
+    native_kernels: bool = True  # compiled kernels at all
+    packed_linear: bool = True  # linear layers on weights packed at load
+    decode_team: bool = True  # a spinning helper thread inside decode steps
+    prefill_sdpa: bool = False  # prompt rows on SDPA instead of the paged kernel
+    bf16_gemm: Bf16Gemm = "auto"  # when the runner's own bf16 GEMM replaces oneDNN
+    weights: Weights = ""  # "int8": weight-only int8 linear layers
+
+    def has(self, kind: HostKind) -> bool:
+        """True when the selected kind includes `kind`'s instructions."""
+        return KINDS.index(self.isa) <= KINDS.index(kind)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> KernelConfig:
+        env = os.environ if environ is None else environ
+        host = host_kind()
+        wanted = env.get("MODELYARD_ISA", "") or host
+        if wanted not in KINDS:
+            raise ValueError(f"MODELYARD_ISA must be one of {', '.join(KINDS)}, not {wanted!r}")
+        isa: HostKind = max(host, wanted, key=KINDS.index)
+        gemm = env.get("MODELYARD_BF16_GEMM", "auto")
+        if gemm not in ("auto", "always", "onednn"):
+            raise ValueError(f"MODELYARD_BF16_GEMM must be auto, always or onednn, not {gemm!r}")
+        weights = env.get("MODELYARD_WEIGHTS", "")
+        if weights not in ("", "int8"):
+            raise ValueError(f"MODELYARD_WEIGHTS must be int8 or unset, not {weights!r}")
+        return cls(
+            isa=isa,
+            host=host,
+            native_kernels=env.get("MODELYARD_NATIVE_KERNELS", "1") != "0",
+            packed_linear=env.get("MODELYARD_PACKED_LINEAR", "1") != "0",
+            decode_team=env.get("MODELYARD_DECODE_TEAM", "1") != "0",
+            prefill_sdpa=env.get("MODELYARD_PREFILL_SDPA", "0") == "1",
+            bf16_gemm=gemm,  # type: ignore[arg-type]
+            weights=weights,  # type: ignore[arg-type]
+        )
+
+
+@functools.cache
+def kernel_config() -> KernelConfig:
+    """The process's configuration, read from the environment on first use."""
+    return KernelConfig.from_env()

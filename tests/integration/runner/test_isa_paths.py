@@ -1,0 +1,79 @@
+"""The kernels' lower instruction-set paths on this host: MODELYARD_ISA forces the kernels an
+AVX-512 BF16 host and an AVX2-only host would build, and oneDNN and ATen are capped to match
+(ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), so an AMX host runs the kernel tests and the real
+model's acceptance checks on each of those paths. A kind this host lacks is skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from modelyard.runner.kernel_config import KINDS, host_kind
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
+# what a host of each kind gets from torch's own libraries
+TORCH_CAPS = {
+    "avx512-bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+}
+KERNEL_TESTS = [
+    "tests/unit/runner/test_linear.py",
+    "tests/unit/runner/test_fused_ops.py",
+    "tests/unit/runner/test_attention.py",
+    "tests/unit/runner/test_int8.py",
+]
+ACCEPTANCE = "tests/integration/engine/test_acceptance_smollm2.py"
+# the real model's acceptance on each path: float32 token for token where float32 has its own
+# kernels (AVX2), the bf16 smoke where the bf16 GEMM and attention are AVX-512 BF16's
+TESTS = {
+    "avx2": [*KERNEL_TESTS, f"{ACCEPTANCE}::test_batch_of_32_mixed_lengths"],
+    "avx512-bf16": [*KERNEL_TESTS, f"{ACCEPTANCE}::test_bfloat16_batch_smoke"],
+}
+PROBE = (
+    "import json, torch; from modelyard.runner import kernels; "
+    "from modelyard.runner.kernel_config import kernel_config; "
+    "print(json.dumps({'isa': kernel_config().isa, 'loaded': kernels.load(), "
+    "'amx': kernels.amx_ready(), 'bf16_gemm': kernels.bf16_gemm_path(), "
+    "'capability': torch.backends.cpu.get_cpu_capability()}))"
+)
+
+
+def forced_env(kind: str) -> dict[str, str]:
+    return {**os.environ, "MODELYARD_ISA": kind, **TORCH_CAPS[kind]}
+
+
+@pytest.mark.timeout(2400)  # a kernel build for the forced kind where setup has not made it
+@pytest.mark.parametrize("kind", sorted(TORCH_CAPS))
+def test_kernels_pass_their_tests_on_a_forced_lower_path(kind: str) -> None:
+    if KINDS.index(host_kind()) >= KINDS.index(kind):  # type: ignore[arg-type]
+        pytest.skip(f"this host's own kind is {host_kind()}: nothing lower to force")
+    env = forced_env(kind)
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    state = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert state["isa"] == kind
+    assert state["loaded"]
+    assert not state["amx"]  # compiled out below the amx kind
+    if kind == "avx2":
+        assert state["capability"] == "AVX2"
+        assert state["bf16_gemm"] is None
+    else:  # oneDNN without AMX sums in the AVX-512 BF16 kernel's order: it must run
+        assert state["bf16_gemm"] == "avx512"
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TESTS[kind]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2300,
+    )
+    assert tests.returncode == 0, tests.stdout[-4000:]

@@ -1,0 +1,85 @@
+"""The prefix-affinity policy (scale/affinity.py): keys, preference, load guard, bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelyard.scale.affinity import PrefixAffinity, RoutingKeys, prefix_keys, session_key
+
+pytestmark = pytest.mark.unit
+
+
+def keys(tokens: list[int], session: str | None = None, block: int = 4) -> RoutingKeys:
+    return RoutingKeys(prefix_keys(tokens, block, 64), session_key(session) if session else None)
+
+
+def test_prefix_keys_are_block_aligned_chains() -> None:
+    a = prefix_keys(list(range(10)), 4, 64)
+    assert len(a) == 2  # two full blocks; the partial one is not hashed
+    b = prefix_keys([*range(8), 99, 98, 97, 96], 4, 64)
+    assert b[:2] == a  # same leading blocks -> same keys
+    c = prefix_keys([1, *range(1, 8)], 4, 64)
+    assert c[0] != a[0]
+    assert c[1] != a[1]
+    assert len(prefix_keys(list(range(1000)), 4, 8)) == 8  # bounded by max_blocks
+
+
+def test_shared_prefix_goes_to_the_replica_that_served_it() -> None:
+    table = PrefixAffinity(max_queue_gap=4)
+    system = list(range(100, 140))
+    assert table.choose(keys([*system, 1, 2, 3, 4]), {"r1": 0, "r2": 0}) is None  # cold: fall back
+    table.record(keys([*system, 1, 2, 3, 4]), "r2")
+    assert table.choose(keys([*system, 7, 8, 9, 10, 11]), {"r1": 0, "r2": 1}) == "r2"
+    other = list(range(500, 540))
+    assert table.choose(keys(other), {"r1": 0, "r2": 0}) is None
+
+
+def test_longest_prefix_wins() -> None:
+    table = PrefixAffinity()
+    base = list(range(16))
+    table.record(keys(base[:8]), "short")
+    table.record(keys(base), "long")  # overwrites the first 2 blocks too
+    table.record(keys(base[:8]), "short")
+    assert table.choose(keys([*base, 1, 2, 3, 4]), {"short": 0, "long": 0}) == "long"
+
+
+def test_load_guard_falls_back_when_the_preferred_queue_is_much_longer() -> None:
+    table = PrefixAffinity(max_queue_gap=2)
+    prompt = list(range(32))
+    table.record(keys(prompt), "busy")
+    assert table.choose(keys(prompt), {"busy": 3, "idle": 1}) == "busy"  # gap 2: allowed
+    assert table.choose(keys(prompt), {"busy": 4, "idle": 1}) is None  # gap 3: fall back
+
+
+def test_session_sticks_before_prefix() -> None:
+    table = PrefixAffinity()
+    table.record(keys(list(range(32))), "by-prefix")
+    table.record(keys([9, 9, 9, 9], session="alice"), "by-session")
+    chosen = table.choose(keys(list(range(32)), session="alice"), {"by-prefix": 0, "by-session": 0})
+    assert chosen == "by-session"
+    assert table.choose(keys([5, 5, 5, 5], session="bob"), {"by-session": 0}) is None
+
+
+def test_gone_replicas_are_skipped_and_forgotten() -> None:
+    table = PrefixAffinity()
+    prompt = list(range(32))
+    table.record(keys(prompt), "dead")
+    assert table.choose(keys(prompt), {"alive": 0}) is None  # not a candidate any more
+    table.forget_replica("dead")
+    assert len(table) == 0
+
+
+def test_table_is_bounded_lru() -> None:
+    table = PrefixAffinity(capacity=4)
+    for i in range(10):
+        table.record(keys([i] * 4), f"r{i}")
+    assert len(table) == 4
+    assert table.choose(keys([9] * 4), {"r9": 0}) == "r9"
+    assert table.choose(keys([0] * 4), {"r0": 0}) is None  # evicted
+
+
+def test_bad_settings_raise() -> None:
+    with pytest.raises(ValueError):
+        PrefixAffinity(capacity=0)
+    with pytest.raises(ValueError):
+        PrefixAffinity(max_queue_gap=-1)
