@@ -173,4 +173,11 @@ class EngineFailed(msgspec.Struct, tag="failed", kw_only=True):
     error: str
 
 
-WorkerMessage = EngineOutputs | EngineReady | EngineFailed
+class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True):
+    """Sent by the worker's pulse thread while one step runs long (a big prefill on a busy
+    host), so the client does not take a slow step for a hung worker."""
+
+    timestamp: float  # time.time() in the worker when the message was sent
+
+
+WorkerMessage = EngineOutputs | EngineReady | EngineFailed | Heartbeat

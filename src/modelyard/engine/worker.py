@@ -9,6 +9,7 @@ sends `EngineReady` (or `EngineFailed` and exits 1), then runs `serve`:
     -> if there is work: core.step(), send EngineOutputs(outputs, stats)
     -> else: block on the command socket for a short while; send an empty EngineOutputs as a
        heartbeat every HEARTBEAT_INTERVAL_S so the client can tell the worker is alive.
+    While a step runs, a pulse thread sends `Heartbeat`s (up to MAX_STEP_S into the step).
 
 `Shutdown` ends the loop with exit status 0. An exception in a step fails every live request
 with a FinishReason.ERROR output and the worker keeps serving; an exception while doing that
@@ -21,8 +22,11 @@ import gc
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import psutil
@@ -38,6 +42,7 @@ from modelyard.engine.messages import (
     EngineReady,
     EngineRequest,
     FinishReason,
+    Heartbeat,
     PinPrefix,
     SchedulerStats,
     Shutdown,
@@ -52,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between heartbeats while idle (the client declares the worker dead after a timeout).
 HEARTBEAT_INTERVAL_S = 0.5
+#: A step running longer than this gets no more heartbeats (a hung worker is found).
+MAX_STEP_S = 600.0
 #: Longest block on the command socket while idle.
 IDLE_POLL_S = 0.05
 
@@ -145,8 +152,47 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     return core, ready
 
 
+class StepPulse:
+    """A daemon thread that sends a `Heartbeat` every HEARTBEAT_INTERVAL_S while one step runs,
+    so a long step (a big prefill on a busy host) is not taken for a hung worker. A step past
+    MAX_STEP_S gets no more pulses: the client's heartbeat timeout then finds it."""
+
+    def __init__(self, conn: WorkerConnection) -> None:
+        self._conn = conn
+        self._step_started: float | None = None  # time.monotonic() of the running step
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-pulse", daemon=True)
+
+    def __enter__(self) -> StepPulse:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        self._step_started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._step_started = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            started = self._step_started
+            if started is not None and 0 < time.monotonic() - started < MAX_STEP_S:
+                self._conn.send(Heartbeat(timestamp=time.time()))
+
+
 def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) -> int:
     """The busy loop; returns the exit status (0 after Shutdown, 1 when the parent is gone)."""
+    with StepPulse(conn) as pulse:
+        return _serve(core, conn, pulse, parent_pid)
+
+
+def _serve(core: Core, conn: WorkerConnection, pulse: StepPulse, parent_pid: int | None) -> int:
     live: set[str] = set()  # requests added and not finished: the ones a failed step fails
     last_sent = 0.0
     while True:
@@ -158,7 +204,10 @@ def serve(core: Core, conn: WorkerConnection, *, parent_pid: int | None = None) 
             _apply(core, command, live, conn)
             command = conn.recv(0)
         core.expire_pins()
-        outputs = _step(core, live) if core.has_unfinished_requests() else []
+        outputs: list[EngineOutput] = []
+        if core.has_unfinished_requests():
+            with pulse.step():
+                outputs = _step(core, live)
         now = time.time()
         if outputs or now - last_sent >= HEARTBEAT_INTERVAL_S:
             conn.send(EngineOutputs(outputs=outputs, stats=core.stats(), timestamp=now))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -75,7 +76,8 @@ class AsyncZmqConnection(Generic[S, R]):
 
 
 class SyncZmqConnection(Generic[S, R]):
-    """Worker side: connects to the API process's sockets; blocking with timeouts."""
+    """Worker side: connects to the API process's sockets; blocking with timeouts. `send` may
+    be called from several threads (a lock serializes them: a zmq socket is not thread-safe)."""
 
     def __init__(self, addresses: IpcAddresses, send_codec: Codec[S], recv_codec: Codec[R]):
         self._ctx = zmq.Context()
@@ -89,9 +91,12 @@ class SyncZmqConnection(Generic[S, R]):
         self._poller.register(self._in, zmq.POLLIN)
         self._send_codec = send_codec
         self._recv_codec = recv_codec
+        self._send_lock = threading.Lock()
 
     def send(self, message: S) -> None:
-        self._out.send(self._send_codec.encode(message), copy=False)
+        data = self._send_codec.encode(message)
+        with self._send_lock:
+            self._out.send(data, copy=False)
 
     def recv(self, timeout_s: float | None) -> R | None:
         timeout_ms = None if timeout_s is None else int(timeout_s * 1000)

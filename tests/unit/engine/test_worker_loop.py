@@ -9,6 +9,7 @@ from modelyard.engine.messages import (
     EngineOutputs,
     EngineRequest,
     FinishReason,
+    Heartbeat,
     Shutdown,
 )
 from modelyard.engine.sampling_params import SamplingParams
@@ -19,9 +20,13 @@ pytestmark = pytest.mark.unit
 
 
 def run_serve(
-    core: FakeCore, commands: list[object], wait_s: float = 0.0
+    core: FakeCore,
+    commands: list[object],
+    wait_s: float = 0.0,
+    pulses: list[Heartbeat] | None = None,
 ) -> tuple[int, list[EngineOutputs]]:
-    """Queue commands, run serve in a thread, return its exit status and what it sent."""
+    """Queue commands, run serve in a thread, return its exit status and the EngineOutputs it
+    sent (Heartbeats go to `pulses`)."""
     api, worker = inproc_pair(COMMAND_CODEC, WORKER_MESSAGE_CODEC)
     for command in commands:
         api._to_worker.put(COMMAND_CODEC.encode(command))
@@ -34,6 +39,9 @@ def run_serve(
     sent = []
     while not api._from_worker.empty():
         message = WORKER_MESSAGE_CODEC.decode(api._from_worker.get_nowait())
+        if isinstance(message, Heartbeat) and pulses is not None:
+            pulses.append(message)
+            continue
         assert isinstance(message, EngineOutputs)
         sent.append(message)
     return result[0], sent
@@ -78,3 +86,15 @@ def test_failed_step_fails_live_requests_with_error_outputs() -> None:
     assert sorted(o.request_id for o in errors) == ["a", "b"]
     assert all(o.error and "boom" in o.error for o in errors)
     assert sorted(core.aborted) == ["a", "b"]
+
+
+def test_a_long_step_sends_heartbeats_while_it_runs() -> None:
+    """One step of 1.6 s (three heartbeat intervals): the pulse thread speaks for the busy loop."""
+    pulses: list[Heartbeat] = []
+    core = FakeCore(step_delay_s=1.6)
+    start = time.time()
+    code, sent = run_serve(core, [add("a", 1)], wait_s=0.1, pulses=pulses)
+    assert code == 0
+    assert [o.finish_reason for m in sent for o in m.outputs] == [FinishReason.LENGTH]
+    assert len(pulses) >= 2
+    assert all(start < p.timestamp < start + 1.8 for p in pulses)  # during the step
