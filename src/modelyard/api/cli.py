@@ -74,19 +74,9 @@ def config_from_args(args: argparse.Namespace) -> ModelyardConfig:
 
 def build_catalog(path: str | None, engine: EngineDefaults, *, preload: bool) -> Any:
     """The catalog with engine overrides applied to every LLM (and preload cleared if asked)."""
-    from modelyard.manager.catalog import Catalog, load_catalog
+    from modelyard.manager.catalog import serving_catalog
 
-    catalog = load_catalog(path)
-    overrides = engine.overrides()
-    specs = []
-    for spec in catalog:
-        changes: dict[str, Any] = {}
-        if spec.kind.is_llm and overrides:
-            changes["options"] = {**dict(spec.options), **overrides}
-        if not preload:
-            changes["preload"] = False
-        specs.append(dataclasses.replace(spec, **changes) if changes else spec)
-    return Catalog(specs)
+    return serving_catalog(path, engine.overrides(), preload=preload)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -132,3 +132,16 @@ def load_catalog(path: str | None) -> Catalog:
     text = file.read_text(encoding="utf-8")
     raw = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
     return parse_catalog(raw)
+
+
+def serving_catalog(path: str | None, overrides: Mapping[str, Any], *, preload: bool) -> Catalog:
+    """The catalog with engine `overrides` applied to every LLM (and preload cleared if asked)."""
+    specs = []
+    for spec in load_catalog(path):
+        changes: dict[str, Any] = {}
+        if spec.kind.is_llm and overrides:
+            changes["options"] = {**dict(spec.options), **overrides}
+        if not preload:
+            changes["preload"] = False
+        specs.append(dataclasses.replace(spec, **changes) if changes else spec)
+    return Catalog(specs)

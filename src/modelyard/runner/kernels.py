@@ -1,20 +1,13 @@
 """Native CPU kernels of the runner, compiled once per machine and cached.
 
-`csrc/paged_decode.cpp` holds decode attention that reads K/V straight from the paged cache;
-`csrc/fused_ops.cpp` the element-wise steps of a decoder layer, one pass each (RMSNorm, residual
-add + RMSNorm, RoPE + KV-cache write, bf16 SwiGLU activation); these take float32 or bfloat16.
-`csrc/gemm.cpp` holds the float32 linear layers' GEMM on weights packed at load (runner.linear),
-with SwiGLU's activation fused into its gate/up projection; `csrc/gemm_bf16.cpp` a bfloat16 GEMM
-on AVX-512 BF16 hosts that sums in oneDNN's order (checked at load: `bf16_gemm_exact`), SwiGLU's
-activation fused likewise; `csrc/claim.h` splits their work across threads. They are built
-with torch's C++ extension builder (g++ and ninja) into `MODELYARD_KERNEL_DIR` (default
-`~/.cache/modelyard/kernels`), under a name that hashes the sources, the torch version and the
-CPU flags, so a changed source or another machine builds afresh and a cached build loads in
-milliseconds. `scripts/setup` builds them ahead (`python -m modelyard.runner.kernels`), so no
-engine start pays the ~1 min compile. Where the build fails (no compiler) or
-`MODELYARD_NATIVE_KERNELS=0`, `load()` returns False and the runner keeps its pure-torch path,
-which computes the same thing.
-"""
+csrc/: `paged_decode.cpp` attention straight from the paged KV cache; `fused_ops.cpp` a decoder
+layer's element-wise steps in one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU);
+`gemm.cpp` / `gemm_bf16.cpp` / `gemm_amx.cpp` / `gemm_int8.cpp` the linear layers on weights
+packed at load (runner.linear), SwiGLU fused into gate/up; `claim.h` splits work across threads.
+torch's extension builder (g++, ninja) builds them into `MODELYARD_KERNEL_DIR` (default
+`~/.cache/modelyard/kernels`) under a name hashing sources, torch version and CPU flags, one
+builder at a time (runner.build_lock); `scripts/setup` builds ahead. A failed build or
+`MODELYARD_NATIVE_KERNELS=0`: `load()` is False, and the pure-torch path computes the same."""
 
 from __future__ import annotations
 
@@ -30,6 +23,7 @@ from typing import Literal
 
 import torch
 
+from modelyard.runner.build_lock import exclusive_build
 from modelyard.runner.kernel_config import BUILD_FLAGS, cpu_flags, kernel_config
 
 log = logging.getLogger(__name__)
@@ -92,16 +86,18 @@ def load() -> bool:
 
     name = _build_name()
     _ninja_on_path()
+    build_dir = _build_dir(name)
     try:
-        cpp_extension.load(
-            name=name,
-            sources=[str(f) for f in _SOURCES],
-            extra_cflags=_flags(),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(_build_dir(name)),
-            is_python_module=False,
-            verbose=False,
-        )
+        with exclusive_build(build_dir):
+            cpp_extension.load(
+                name=name,
+                sources=[str(f) for f in _SOURCES],
+                extra_cflags=_flags(),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as exc:  # a missing compiler or ninja: fall back, loudly
         log.warning("native kernels unavailable, using the torch path: %s", exc)
         return False

@@ -29,7 +29,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
 from modelyard.config import ModelyardConfig, load_config
-from modelyard.manager.catalog import Catalog
+from modelyard.manager.catalog import Catalog, serving_catalog
 from modelyard.model_spec import ModelSpec
 from modelyard.scale.config import RayConfig
 from modelyard.scale.provider import CALL_CONTEXT, CallContext, RayProvider
@@ -191,10 +191,11 @@ def _deployment(cls: type) -> Deployment:
 
 def app_builder(args: Mapping[str, str]) -> Application:
     """For `serve run` / `serve build`: `catalog=FILE config=FILE` (both optional)."""
-    from modelyard.api.cli import build_catalog
 
     config = load_config(args.get("config"))
-    catalog = build_catalog(args.get("catalog") or config.catalog, config.engine, preload=True)
+    catalog = serving_catalog(
+        args.get("catalog") or config.catalog, config.engine.overrides(), preload=True
+    )
     return build_ray_app(config, catalog)
 
 
