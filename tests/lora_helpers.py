@@ -4,13 +4,24 @@ name (`conftest` is ambiguous when several areas have one)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from modelyard.engine.messages import LoRARequest
+
+
+@contextmanager
+def peft_quiet() -> Iterator[None]:
+    """peft reads `is_gradient_checkpointing`, which transformers 5 deprecates (FutureWarning)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+        yield
+
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -25,7 +36,8 @@ def make_adapter(
 
     config.setdefault("target_modules", ALL_MODULES)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, **config))
+    with peft_quiet():
+        peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, **config))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
@@ -50,7 +62,8 @@ class MergedReference:
 
             model = AutoModelForCausalLM.from_pretrained(self.base, dtype=torch.float32)
             if adapter is not None:
-                model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+                with peft_quiet():
+                    model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
             self._models[key] = model.eval()
         return self._models[key]
 

@@ -1,12 +1,14 @@
 """Speculative decoding and LoRA adapters through a real `modelyard serve` (OpenAI API, real
-handlers, auth off): the catalog turns prompt lookup on for the default model and declares a
-LoRA adapter made here with `peft`.
+handlers, the gateway on with API keys): the catalog turns prompt lookup on for the default
+model and declares a LoRA adapter made here with `peft`.
 
 - greedy answers with and without speculation are identical (streamed or not), and /metrics
   counts the drafts;
 - the declared adapter is a model in /v1/models with the base as parent, and answers what
   peft's merged model generates; adapters load and unload through vLLM's API; with two kept in
-  memory, a third evicts the least recently used (read again from disk when it comes back).
+  memory, a third evicts the least recently used (read again from disk when it comes back);
+- a route's tenant override gives the tenant "bank" the finance adapter as its default model,
+  and only an admin key may load or unload adapters.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from e2e_server import CATALOG, E2E_MODEL, ServerProcess, start_server, stop_server
+
+from modelyard.gateway.keys import SqliteKeyStore, new_record
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -26,6 +31,12 @@ COPY = (
     "small books about the history of navigation, from the first stone towers lit by fires."
 )
 PROMPT = "The three most important inventions in history are"
+KEYS: dict[str, str] = {}  # tenant -> API key, filled by the server fixture
+
+
+def auth(tenant: str = "ops") -> dict[str, str]:
+    """The headers of a tenant's key ("ops" is an admin)."""
+    return {"authorization": f"Bearer {KEYS[tenant]}"}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +65,18 @@ def server(
       max_cpu_loras: 2
 """
     )
-    running = start_server(tmp_path_factory.mktemp("extensions-e2e"), catalog_yaml=catalog)
+    tmp = tmp_path_factory.mktemp("extensions-e2e")
+    store = SqliteKeyStore(tmp / "keys.db")
+    for tenant in ("ops", "bank"):
+        KEYS[tenant], record = new_record(tenant, admin=tenant == "ops")
+        store.add(record)
+    gateway = {
+        "keys": {"sqlite_path": str(tmp / "keys.db"), "cache_ttl_s": 0},
+        "tenants": {"bank": {"models": ["chat", "finance"]}},
+        "routes": {"models": {"chat": {"target": E2E_MODEL, "tenants": {"bank": "finance"}}}},
+    }
+    config = yaml.safe_dump({"gateway": gateway})
+    running = start_server(tmp, config=config, catalog_yaml=catalog)
     try:
         yield running
     finally:
@@ -71,12 +93,14 @@ def chat(server: ServerProcess, speculate: bool, stream: bool = False) -> str:
         "stream": stream,
     }
     if not stream:
-        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+        response = httpx.post(
+            f"{server.url}/v1/chat/completions", json=body, headers=auth(), timeout=120
+        )
         assert response.status_code == 200, response.text
         return str(response.json()["choices"][0]["message"]["content"])
     text = ""
     url = f"{server.url}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, timeout=120) as response:
+    with httpx.stream("POST", url, json=body, headers=auth(), timeout=120) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 choices = httpx.Response(200, content=line[6:]).json()["choices"]
@@ -85,7 +109,7 @@ def chat(server: ServerProcess, speculate: bool, stream: bool = False) -> str:
 
 
 def metric(server: ServerProcess, name: str, **labels: str) -> float:
-    body = httpx.get(f"{server.url}/metrics", timeout=30).text
+    body = httpx.get(f"{server.url}/metrics", headers=auth(), timeout=30).text
     total = 0.0
     for line in body.splitlines():
         match = re.match(rf"^modelyard:{name}{{(.*)}} (\S+)$", line)
@@ -107,9 +131,9 @@ def test_speculative_answers_equal_plain_ones_and_metrics_count_drafts(
     assert metric(server, "spec_decode_num_drafts_total", method="ngram") > 0
 
 
-def complete(server: ServerProcess, model: str) -> httpx.Response:
+def complete(server: ServerProcess, model: str, tenant: str = "ops") -> httpx.Response:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0}
-    return httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+    return httpx.post(f"{server.url}/v1/completions", json=body, headers=auth(tenant), timeout=120)
 
 
 def merged_text(adapter: Path) -> str:
@@ -128,7 +152,7 @@ def merged_text(adapter: Path) -> str:
 def test_adapters_through_the_openai_and_vllm_apis(
     server: ServerProcess, adapters: dict[str, Path]
 ) -> None:
-    models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    models = httpx.get(f"{server.url}/v1/models", headers=auth(), timeout=30).json()["data"]
     assert {m["id"]: m.get("parent") for m in models}["finance"] == E2E_MODEL
     finance = complete(server, "finance")
     assert finance.status_code == 200, finance.text
@@ -138,16 +162,21 @@ def test_adapters_through_the_openai_and_vllm_apis(
     base_text = complete(server, E2E_MODEL).json()["choices"][0]["text"]
     assert finance.json()["choices"][0]["text"] != base_text
     assert complete(server, "legal").status_code == 404
+    routed = complete(server, "chat", tenant="bank")  # the tenant override: bank -> finance
+    assert routed.status_code == 200, routed.text
+    assert routed.json()["choices"][0]["text"] == expected
 
     load = f"{server.url}/v1/load_lora_adapter"
+    legal = {"lora_name": "legal", "lora_path": str(adapters["legal"])}
+    assert httpx.post(load, json=legal, headers=auth("bank")).status_code == 403
     for name in ("legal", "medical"):
-        response = httpx.post(load, json={"lora_name": name, "lora_path": str(adapters[name])})
+        body = {"lora_name": name, "lora_path": str(adapters[name])}
+        response = httpx.post(load, json=body, headers=auth())
         assert response.status_code == 200, response.text
         assert response.text == f"Success: LoRA adapter '{name}' added successfully."
-    again = httpx.post(load, json={"lora_name": "legal", "lora_path": str(adapters["legal"])})
-    assert again.status_code == 400
-    broken = httpx.post(load, json={"lora_name": "x", "lora_path": str(adapters["legal"].parent)})
-    assert broken.status_code == 400
+    assert httpx.post(load, json=legal, headers=auth()).status_code == 400
+    broken = {"lora_name": "x", "lora_path": str(adapters["legal"].parent)}
+    assert httpx.post(load, json=broken, headers=auth()).status_code == 400
 
     loads = metric(server, "lora_loads_total", model=E2E_MODEL)
     texts = {
@@ -161,6 +190,8 @@ def test_adapters_through_the_openai_and_vllm_apis(
     assert metric(server, "lora_resident_bytes", model=E2E_MODEL) > 0
 
     unload = f"{server.url}/v1/unload_lora_adapter"
-    assert httpx.post(unload, json={"lora_name": "legal"}).status_code == 200
+    legal_name = {"lora_name": "legal"}
+    assert httpx.post(unload, json=legal_name, headers=auth("bank")).status_code == 403
+    assert httpx.post(unload, json=legal_name, headers=auth()).status_code == 200
     assert complete(server, "legal").status_code == 404
-    assert httpx.post(unload, json={"lora_name": "legal"}).status_code == 404
+    assert httpx.post(unload, json=legal_name, headers=auth()).status_code == 404
