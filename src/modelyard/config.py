@@ -16,6 +16,8 @@ gateway:       # gateway.config.GatewayConfig: auth, tenants, quotas, routes
   auth: auto
 ray:           # scale.config.RayConfig: `serve --ray` (replicas of the pool, the router)
   router: prefix
+agent:         # AgentServerConfig: the knowledge agent behind POST /v1/agent/ask
+  index: ~/.modelyard/agent/default
 catalog: models.yaml   # the catalog file; absent: the embedded default catalog
 ```
 
@@ -34,6 +36,8 @@ from typing import Any
 
 import yaml
 
+from modelyard.agent.agent import AgentConfig
+from modelyard.agent.cli import DEFAULT_INDEX
 from modelyard.config_parse import ConfigError, check_fields, from_mapping, setting
 from modelyard.engine.config import Dtype
 from modelyard.gateway.config import GatewayConfig
@@ -64,6 +68,12 @@ class ServerConfig:
     host: str = "127.0.0.1"  # bind address (keep 127.0.0.1 unless behind a proxy)
     port: int = setting(8000, ge=0, le=65535)  # TCP port
     max_body_bytes: int = setting(8 * 1024 * 1024, ge=1024)  # larger request bodies get 413
+    # JSON bodies nesting deeper, or holding more values, get 400 (checked before parsing)
+    max_json_depth: int = setting(64, ge=1)
+    max_json_elements: int = setting(1_000_000, ge=1)
+    max_n: int = setting(32, ge=1)  # completions one request may ask for: n x its prompts
+    # those completions x max_tokens (unset: the context length)
+    max_n_tokens: int = setting(262_144, ge=1)
     # per-request limit: 504 / error event, request aborted
     request_timeout_s: float = setting(300.0, gt=0)
     drain_timeout_s: float = setting(30.0, ge=0)  # on SIGTERM, wait this long for in-flight
@@ -92,6 +102,15 @@ class EngineDefaults:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AgentServerConfig:
+    """The knowledge agent the server runs for `POST /v1/agent/ask` (api/routes/agent.py)."""
+
+    index: str = DEFAULT_INDEX  # the folder `modelyard agent ingest` wrote (the CLI's default)
+    # the agent's own settings (chat_model, embedding_model, max_tokens, plan, refine...)
+    settings: AgentConfig = setting(factory=AgentConfig, inline=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelyardConfig:
     """Everything `modelyard serve` needs besides the catalog itself."""
 
@@ -100,6 +119,7 @@ class ModelyardConfig:
     manager: ManagerConfig = setting(factory=ManagerConfig)
     gateway: GatewayConfig = setting(factory=GatewayConfig)
     ray: RayConfig = setting(factory=RayConfig)
+    agent: AgentServerConfig = setting(factory=AgentServerConfig)
     catalog: str | None = None  # catalog file; None: the embedded default catalog
 
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -100,6 +100,35 @@ class Answer:
     @property
     def model_calls(self) -> int:
         return len(self.calls)
+
+    def as_json(self, *, chunk_text: bool) -> dict[str, Any]:
+        """The answer as JSON (the CLI's --json, POST /v1/agent/ask): chunks with their text
+        and source when `chunk_text`, else only their ids."""
+        return {
+            "question": self.question,
+            "mode": self.mode,
+            "answer": self.text,
+            "draft": self.draft,
+            "query": self.query,
+            "chunks": [
+                {
+                    **(asdict(h.chunk) if chunk_text else {"id": h.chunk.chunk_id}),
+                    "score": round(h.score, 4),
+                }
+                for h in self.hits
+            ],
+            "calls": [
+                {
+                    "step": c.step,
+                    "seconds": round(c.seconds, 4),
+                    "ttft_s": round(c.chat.ttft_s, 4) if c.chat else None,
+                    "prompt_tokens": c.chat.prompt_tokens if c.chat else None,
+                    "cached_tokens": c.chat.cached_tokens if c.chat else None,
+                }
+                for c in self.calls
+            ],
+            "e2e_s": round(self.e2e_s, 4),
+        }
 
     @property
     def answer_call(self) -> ChatResult:

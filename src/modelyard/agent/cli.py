@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 DEFAULT_INDEX = "~/.modelyard/agent/default"
 
@@ -69,29 +68,8 @@ async def _run(args: argparse.Namespace, index_dir: Path) -> int:
             print("released" if await agent.unpin_knowledge() else "no pin")
         else:
             answer = await agent.ask(args.question, mode=args.mode)
-            print(json.dumps(_as_json(answer), indent=1) if args.json else answer.text)
+            shown = answer.as_json(chunk_text=False) if args.json else None
+            print(answer.text if shown is None else json.dumps(shown, indent=1))
     finally:
         await api.aclose()
     return 0
-
-
-def _as_json(answer: Any) -> dict[str, Any]:
-    return {
-        "question": answer.question,
-        "mode": answer.mode,
-        "answer": answer.text,
-        "draft": answer.draft,
-        "query": answer.query,
-        "chunks": [{"id": h.chunk.chunk_id, "score": round(h.score, 4)} for h in answer.hits],
-        "calls": [
-            {
-                "step": c.step,
-                "seconds": round(c.seconds, 4),
-                "ttft_s": round(c.chat.ttft_s, 4) if c.chat else None,
-                "prompt_tokens": c.chat.prompt_tokens if c.chat else None,
-                "cached_tokens": c.chat.cached_tokens if c.chat else None,
-            }
-            for c in answer.calls
-        ],
-        "e2e_s": round(answer.e2e_s, 4),
-    }

@@ -33,6 +33,7 @@ from fastapi import Depends, FastAPI
 from modelyard.api.errors import install_exception_handlers
 from modelyard.api.lora import AdapterProvider, LoRARegistry
 from modelyard.api.middleware import build_middleware_stack
+from modelyard.api.openapi import install_openapi
 from modelyard.api.routes import (
     embeddings,
     health,
@@ -44,6 +45,8 @@ from modelyard.api.routes import (
     textbook,
     vllm_compat,
 )
+from modelyard.api.routes.agent import router as agent_router
+from modelyard.api.routes.console import router as console_router
 from modelyard.api.routes.vllm_compat import VLLMBackend, make_vllm_backend
 from modelyard.config import ModelyardConfig
 from modelyard.gateway import admin as gateway_admin
@@ -117,6 +120,9 @@ def build_app(
     app.include_router(gateway_admin.router)
     # /metrics names tenants: admin scope, unless listed in gateway.open_paths (a scraper)
     app.include_router(metrics_routes.router, dependencies=[Depends(require_admin)])
+    app.include_router(console_router)  # the web console at /ui
+    app.include_router(agent_router)  # the knowledge agent, for the console's agent box
+    install_openapi(app)  # every status each route can answer with, in the document
     return app
 
 

@@ -15,6 +15,9 @@ input is always a 4xx, never a 500.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,9 +26,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from modelyard.engine.sampling_params import InvalidParamError
 from modelyard.error_envelopes import error_body
 from modelyard.gateway.errors import GatewayError
-from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
+from modelyard.manager.base import (
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+    RequestFailedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,22 +94,29 @@ def error_response(path: str, error: APIError) -> JSONResponse:
     return JSONResponse(error.body(path), status_code=error.status, headers=error.headers())
 
 
+#: The request field that holds the prompt, per route (a context overflow names it).
+_PROMPT_PARAM = {"/v1/chat/completions": "messages", "/generate": "prompts"}
+_FIELD_MESSAGE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*) (?:must |is required)")
+
+
 def param_from_value_error(message: str) -> str | None:
-    """SamplingParams.validate() messages start with the field name ("top_p must be ...")."""
-    first = message.split(" ", 1)[0]
-    return first if first.isidentifier() else None
+    """The field a plain ValueError names, when it reads "<field> must ..." or "<field> is
+    required" (InvalidParamError carries its field; other messages name none)."""
+    match = _FIELD_MESSAGE.match(message)
+    return match.group(1) if match else None
 
 
-def api_error_from_exception(exc: BaseException) -> APIError:
-    """Map any exception a route can meet onto an APIError (unknown ones become a 500)."""
+def api_error_from_exception(exc: BaseException, path: str = "") -> APIError:
+    """Map any exception a route can meet onto an APIError (unknown ones become a 500);
+    `path` is the request's, for errors whose field depends on the route."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, GatewayError):
         return _from_gateway(exc)
     if isinstance(exc, ClientDisconnectedError):
         return APIError(499, "client disconnected")
-    if isinstance(exc, PromptTooLongError):
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, ValueError):
+        return _bad_input(exc, path)
     if isinstance(exc, ModelNotFoundError):
         return APIError(
             404, _message(exc, "model not found"), param="model", code="model_not_found"
@@ -117,10 +133,26 @@ def api_error_from_exception(exc: BaseException) -> APIError:
         return APIError(503, f"engine unavailable: {exc}", code="engine_dead", retry_after_s=5)
     if isinstance(exc, TimeoutError):
         return APIError(504, "request timed out", code="timeout")
-    if isinstance(exc, ValueError):
-        return APIError(400, str(exc), param=param_from_value_error(str(exc)))
+    if isinstance(exc, RequestFailedError):
+        return request_failed(str(exc))
     log.exception("unhandled error", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def request_failed(error: str) -> APIError:
+    """The model failed on this very request (it passed every check; its batch-mates went on):
+    a 500 that says so, from an engine error output or a worker's failed batch."""
+    return APIError(500, f"request failed: {error}", code="request_failed")
+
+
+def _bad_input(exc: ValueError, path: str) -> APIError:
+    """A 400 naming the field: the route's prompt field for a context overflow."""
+    if isinstance(exc, PromptTooLongError):
+        param = _PROMPT_PARAM.get(path, "prompt")
+        return APIError(400, str(exc), param=param, code="context_length_exceeded")
+    if isinstance(exc, InvalidParamError):
+        return APIError(400, str(exc), param=exc.param)
+    return APIError(400, str(exc), param=param_from_value_error(str(exc)))
 
 
 def _from_gateway(exc: GatewayError) -> APIError:
@@ -136,6 +168,19 @@ def _from_gateway(exc: GatewayError) -> APIError:
     )
 
 
+@contextmanager
+def parsing_request(param: str | None = None) -> Iterator[None]:
+    """Around a route's own request parsing: an exception no check foresaw is the request's
+    fault, so it becomes a 400 naming `param` (the fallback; every known case has its check)."""
+    try:
+        yield
+    except (APIError, ValueError):
+        raise
+    except Exception as exc:
+        log.warning("unforeseen error while parsing a request", exc_info=exc)
+        raise APIError(400, f"invalid request: {type(exc).__name__}: {exc}", param=param) from exc
+
+
 def _message(exc: BaseException, default: str) -> str:
     text = str(exc)
     return text.strip("'\"") if text else default
@@ -147,12 +192,24 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if not errors:
         return APIError(400, "invalid request")
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = [str(part) for part in first.get("loc", ()) if _is_field(part)]
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
         return APIError(400, f"request body is not valid JSON: {message}")
     return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+_TYPE_TAGS = frozenset({"body", "str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_field(part: object) -> bool:
+    """A field name or index of an error location, not pydantic's tag of a union member
+    ("str", "list[str]", "function-after[...]") nor FastAPI's "body"."""
+    if isinstance(part, int):
+        return True
+    text = str(part)
+    return text not in _TYPE_TAGS and "[" not in text and "-" not in text
 
 
 def install_exception_handlers(app: FastAPI) -> None:
@@ -173,7 +230,7 @@ def install_exception_handlers(app: FastAPI) -> None:
         return response
 
     async def on_any(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(request.url.path, api_error_from_exception(exc))
+        return error_response(request.url.path, api_error_from_exception(exc, request.url.path))
 
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -5,8 +5,9 @@ Pipeline of one HTTP request (`open_generation`):
 1. the request path (gateway/request_path.py) authorizes the requested name, routes it, admits
    the tenant's quotas (tpm: body bytes / chars_per_token + max_tokens x n x prompts) and leases
    targets in order;
-2. for the leased LLM, `start` builds the prompts with its tokenizer, submits one engine request
-   per prompt and waits for each one's first output; an overloaded or dead engine makes the path
+2. for the leased LLM, `start` builds the prompts with its tokenizer, checks the request's size
+   (api/limits.py: n x prompts, x max_tokens), submits one engine request per prompt and waits
+   for each one's first output; an overloaded or dead engine makes the path
    try the next target (nothing has been sent to the client yet);
 3. the route reads `Generation.outputs(i)` (each read bounded by the request deadline) and
    always ends with `Generation.aclose()`: unfinished engine requests are aborted (iterator
@@ -30,6 +31,7 @@ import anyio
 from starlette.requests import Request
 
 from modelyard.api.errors import ClientDisconnectedError
+from modelyard.api.limits import check_generation_limits
 from modelyard.engine.protocol import (
     EngineDeadError,
     LLMClient,
@@ -188,6 +190,8 @@ async def open_generation(
 
     async def start(lease: LLMLease) -> list[EngineStream]:
         prompts = await build_prompts(lease.llm)
+        server = request.app.state.config.server
+        check_generation_limits(len(prompts), params, lease.llm.max_model_len, server)
         return await _start_streams(
             lease.llm, prompts, params, principal.priority + priority, lease.model_id, principal
         )

@@ -27,53 +27,100 @@ from modelyard.model_spec import ModelKind
 
 
 def parse_infer_body(body: bytes, header_length: str | None) -> dict[str, Any]:
-    """The JSON request (binary tensors moved into each input's `data`); ValueError if bad."""
-    if header_length is None:
-        try:
-            request = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError("request body is not valid JSON") from exc
-        _check_request(request)
-        return dict(request)
-    try:
+    """The JSON request (binary tensors moved into each input's `data`), every field's type
+    checked; ValueError naming the first bad field."""
+    size = len(body)
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise ValueError(
+                "Inference-Header-Content-Length must be the size of the JSON header in bytes"
+            )
         size = int(header_length)
+    try:
         request = json.loads(body[:size])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError("bad Inference-Header-Content-Length or JSON header") from exc
-    _check_request(request)
-    offset = size
-    for tensor in request["inputs"]:
-        length = (tensor.get("parameters") or {}).get("binary_data_size")
-        if length is None:
-            continue
-        raw = body[offset : offset + int(length)]
-        if len(raw) != int(length):
-            raise ValueError("binary tensor data is shorter than announced")
-        offset += int(length)
-        tensor["data"] = _from_binary(raw, tensor.get("datatype"))
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError("the inference request is not valid JSON") from exc
+    check_infer_request(request)
+    if header_length is not None:
+        offset = size
+        for tensor in request["inputs"]:
+            length = (tensor.get("parameters") or {}).get("binary_data_size")
+            if length is None:
+                continue
+            raw = body[offset : offset + length]
+            if len(raw) != length:
+                raise ValueError(
+                    f"binary data of input {tensor['name']!r} is shorter than announced"
+                )
+            offset += length
+            tensor["data"] = _from_binary(raw, tensor["datatype"])
     return dict(request)
 
 
-def _check_request(request: Any) -> None:
-    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
-        raise ValueError("an inference request is an object with an 'inputs' list")
-    for tensor in request["inputs"]:
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise ValueError("each input needs a name, shape, datatype and data")
+def check_infer_request(request: Any) -> None:
+    """The types of every field of a KServe v2 inference request; ValueError if one is wrong."""
+    if not isinstance(request, dict):
+        raise ValueError("an inference request is a JSON object")
+    if "id" in request and not isinstance(request["id"], str):
+        raise ValueError("id must be a string")
+    _check_parameters(request.get("parameters"), "parameters")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list):
+        raise ValueError("inputs must be a list of tensors")
+    for index, tensor in enumerate(inputs):
+        _check_input(tensor, f"inputs[{index}]")
+    outputs = request.get("outputs", [])
+    if not isinstance(outputs, list):
+        raise ValueError("outputs must be a list")
+    for index, output in enumerate(outputs):
+        where = f"outputs[{index}]"
+        if not isinstance(output, dict) or not isinstance(output.get("name"), str):
+            raise ValueError(f"{where} must be an object with a string name")
+        _check_parameters(output.get("parameters"), f"{where}.parameters")
 
 
-def _from_binary(raw: bytes, datatype: Any) -> list[Any]:
+def _check_input(tensor: Any, where: str) -> None:
+    if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+        raise ValueError(f"{where} must be an object with a string name")
+    if tensor.get("datatype") not in DATATYPES:
+        raise ValueError(f"{where}.datatype must be one of {sorted(DATATYPES)}")
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise ValueError(f"{where}.shape must be a list of non-negative integers")
+    _check_parameters(tensor.get("parameters"), f"{where}.parameters")
+    size = (tensor.get("parameters") or {}).get("binary_data_size")
+    if size is not None and not _is_count(size):
+        raise ValueError(f"{where}.parameters.binary_data_size must be a non-negative integer")
+    if size is None and "data" not in tensor:
+        raise ValueError(f"{where} has no data")
+
+
+def _check_parameters(parameters: Any, where: str) -> None:
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ValueError(f"{where} must be an object")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _from_binary(raw: bytes, datatype: str) -> list[Any]:
     if datatype == "BYTES":
         values: list[Any] = []
         offset = 0
         while offset < len(raw):
+            if offset + 4 > len(raw):
+                raise ValueError("a BYTES element's 4-byte length prefix is truncated")
             (length,) = struct.unpack_from("<I", raw, offset)
+            if offset + 4 + length > len(raw):
+                raise ValueError("a BYTES element is longer than the binary data left")
             values.append(raw[offset + 4 : offset + 4 + length])
             offset += 4 + length
         return values
-    if datatype not in DATATYPES:
-        raise ValueError(f"unknown datatype {datatype!r}")
-    return list(np.frombuffer(raw, dtype=np.dtype(DATATYPES[datatype]).newbyteorder("<")).tolist())
+    dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+    if len(raw) % dtype.itemsize:
+        raise ValueError(f"binary {datatype} data is not a whole number of elements")
+    return list(np.frombuffer(raw, dtype=dtype).tolist())
 
 
 def items_from_request(kind: ModelKind, request: dict[str, Any]) -> list[Any]:

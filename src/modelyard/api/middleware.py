@@ -5,7 +5,9 @@ assembled in one function, outermost first:
 2. AccessLogMiddleware, MetricsMiddleware: one log line and the HTTP metrics per request (they
    see gateway rejections too);
 3. the gateway: authentication (Principal and the request's Ticket into the scope; gateway/);
-4. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes.
+4. BodyLimitMiddleware: 413 in the protocol's envelope for bodies over server.max_body_bytes;
+5. JsonGuardMiddleware (api/limits.py): 400 for a JSON body too deep, too large in values, not
+   UTF-8, holding NaN or a lone surrogate, before any handler parses it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.api.errors import APIError
+from modelyard.api.limits import JsonGuardMiddleware
 from modelyard.config import ModelyardConfig
 from modelyard.error_envelopes import send_error_body
 from modelyard.gateway.gateway import Gateway
@@ -33,6 +36,7 @@ def build_middleware_stack(config: ModelyardConfig, gateway: Gateway) -> list[Mi
     # authentication; quotas, routing and usage are the request path's (gateway/request_path.py)
     stack.extend(build_gateway_middleware(gateway.config, gateway=gateway))
     stack.append(Middleware(BodyLimitMiddleware, max_body_bytes=config.server.max_body_bytes))
+    stack.append(Middleware(JsonGuardMiddleware, server=config.server))
     return stack
 
 

@@ -3,7 +3,8 @@
 Field names and meanings follow the OpenAI API (and vLLM's extras: top_k, min_p,
 repetition_penalty, ignore_eos, min_tokens, priority). Unknown fields are ignored, as OpenAI and
 vLLM do. Range checks live in `SamplingParams.validate()`, so the same rules apply to every route
-and the 400 names the field.
+and the 400 names the field; integers that never reach it (priority) are bounded here. Limits
+that depend on the server (n, n x max_tokens) are checked by api/limits.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from modelyard.engine.sampling_params import SamplingParams
+from modelyard.engine.sampling_params import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    InvalidParamError,
+    SamplingParams,
+)
+
+#: Request priorities are 32-bit (added to the tenant's before they reach the engine).
+PRIORITY_LIMIT = 2**31 - 1
 
 
 class StreamOptions(BaseModel):
@@ -26,10 +36,12 @@ class SamplingFields(BaseModel):
 
     temperature: float | None = None  # None: 1.0 (OpenAI default)
     top_p: float | None = None
-    n: int = 1  # completions per prompt
+    n: int = Field(1, ge=1, le=INT32_MAX)  # completions per prompt (server.max_n at most)
+    best_of: int | None = Field(None, ge=1, le=INT32_MAX)  # accepted only when equal to n
+    logit_bias: dict[str, float] | None = None  # token id -> bias; only {} is accepted
     stop: str | list[str] | None = None  # stop strings (excluded from the text)
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     top_k: int | None = None
@@ -37,12 +49,24 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    priority: int = 0  # added to the tenant's priority (higher runs first)
+    priority: int = Field(0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)  # + the tenant's priority
     speculate: bool | None = None  # speculative decoding: None = the model's policy
     user: str | None = None  # accepted for compatibility; logged, not used
 
-    def sampling_params(self, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """The engine's SamplingParams; raises ValueError naming the first bad field."""
+    def sampling_params(
+        self,
+        *,
+        max_tokens: int | None,
+        logprobs: int | None,
+        renames: dict[str, str] | None = None,
+    ) -> SamplingParams:
+        """The engine's SamplingParams; raises InvalidParamError naming the first bad field
+        (as the request spelled it: `renames` maps engine names to request names)."""
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidParamError("best_of", "other than n is not supported")
+        if self.logit_bias:
+            _check_logit_bias(self.logit_bias)
+            raise InvalidParamError("logit_bias", "is not supported (only {} is accepted)")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         values: dict[str, Any] = {
             "n": self.n,
@@ -65,7 +89,21 @@ class SamplingFields(BaseModel):
             "repetition_penalty": self.repetition_penalty,
         }
         values.update({k: v for k, v in optional.items() if v is not None})
-        return SamplingParams(**values).validate()
+        try:
+            return SamplingParams(**values).validate()
+        except InvalidParamError as exc:
+            if renames and exc.param in renames:
+                raise exc.renamed(renames[exc.param]) from None
+            raise
+
+
+def _check_logit_bias(logit_bias: dict[str, float]) -> None:
+    """Keys are token ids (decimal strings within 32 bits), values in [-100, 100]."""
+    for key, value in logit_bias.items():
+        if not key.isdecimal() or int(key) > INT32_MAX:
+            raise InvalidParamError("logit_bias", f"keys must be token ids, not {key[:20]!r}")
+        if not -100.0 <= value <= 100.0:
+            raise InvalidParamError("logit_bias", "values must be in [-100, 100]")
 
 
 class ContentPart(BaseModel):
@@ -107,10 +145,14 @@ class ChatCompletionRequest(SamplingFields):
 
     def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs=true")
+            raise InvalidParamError("top_logprobs", "requires logprobs=true")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        max_tokens = self.max_completion_tokens or self.max_tokens
-        return self.sampling_params(max_tokens=max_tokens, logprobs=logprobs)
+        renames = {"logprobs": "top_logprobs"}
+        max_tokens = self.max_tokens
+        if self.max_completion_tokens is not None:  # 0 is a value (400), not "unset"
+            max_tokens = self.max_completion_tokens
+            renames["max_tokens"] = "max_completion_tokens"
+        return self.sampling_params(max_tokens=max_tokens, logprobs=logprobs, renames=renames)
 
 
 class CompletionRequest(SamplingFields):
@@ -127,7 +169,7 @@ class CompletionRequest(SamplingFields):
 
     def to_sampling_params(self) -> SamplingParams:
         if self.echo:
-            raise ValueError("echo is not supported")
+            raise InvalidParamError("echo", "is not supported")
         return self.sampling_params(max_tokens=self.max_tokens, logprobs=self.logprobs)
 
     def prompts(self) -> list[str | list[int]]:
@@ -136,7 +178,7 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt, str):
             return [prompt]
         if not prompt:
-            raise ValueError("prompt must not be empty")
+            raise InvalidParamError("prompt", "must not be empty")
         if all(isinstance(p, int) for p in prompt):
             return [[int(p) for p in prompt]]  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
@@ -151,7 +193,7 @@ class TextbookSampling(BaseModel):
     temperature: float | None = None  # default 0.7 (server.textbook.temperature)
     top_p: float | None = None
     top_k: int | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     model: str | None = None  # default: server.textbook.model
 

@@ -8,7 +8,9 @@ embedding -> `[len(text), number of words]`; classification kinds -> labels from
 `labels` ranked by how often their first letter occurs in the text.
 Fault options (catalog only): `allocate_bytes` (memory held while loaded, to exercise the
 budget), `load_delay_s`, `fail_load` (error message raised by load), `crash_on` (an input text
-that makes the worker exit abruptly, to exercise crash handling).
+that makes the worker exit abruptly, to exercise crash handling), `fail_on` (an input text that
+passes preprocessing but makes the backend call of its whole batch raise, to exercise the
+batcher's isolation).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class EchoBackend:
         return text
 
     def infer(self, items: Sequence[Any], options: dict[str, Any]) -> list[Output]:
+        poison = self.spec.options.get("fail_on")
+        if poison is not None and any(item == poison for item in items):
+            raise RuntimeError("the batch holds the fail_on input")
         if self.spec.kind == ModelKind.TENSOR:
             scale = float(self.spec.options.get("scale", 1.0))
             return [

@@ -72,6 +72,20 @@ def export_efficientnet_lite0(target: Path) -> Path:
     return target
 
 
+def _check_fits(name: str, array: Any, datatype: Any, declared: Any) -> None:
+    """ValueError unless the tensor has the datatype and shape the model's input declares (a
+    mismatch would make the session call of its whole batch fail)."""
+    wanted = _ORT_TYPES.get(declared.type)
+    if wanted is not None and datatype != wanted:
+        raise ValueError(f"input {name!r} must be {wanted}, got {datatype}")
+    dims = _shape(declared.shape)
+    fits = len(dims) == array.ndim and all(
+        d in (-1, n) for d, n in zip(dims, array.shape, strict=True)
+    )
+    if not fits:
+        raise ValueError(f"input {name!r} must have shape {dims} (-1: any), got {array.shape}")
+
+
 def _shape(dims: Sequence[Any]) -> list[int]:
     return [d if isinstance(d, int) else -1 for d in dims]
 
@@ -117,10 +131,13 @@ class OnnxBackend:
             return require_text(item)
         if not isinstance(item, dict) or not item:
             raise ValueError("this model takes named tensors")
-        expected = {i.name for i in self._session.get_inputs()}
-        if set(item) != expected:
-            raise ValueError(f"inputs must be exactly {sorted(expected)}, got {sorted(item)}")
-        return {name: to_numpy(tensor) for name, tensor in item.items()}
+        inputs = {i.name: i for i in self._session.get_inputs()}
+        if set(item) != set(inputs):
+            raise ValueError(f"inputs must be exactly {sorted(inputs)}, got {sorted(item)}")
+        arrays = {name: to_numpy(tensor) for name, tensor in item.items()}
+        for name, array in arrays.items():
+            _check_fits(name, array, item[name].get("datatype"), inputs[name])
+        return arrays
 
     def infer(self, items: Sequence[Any], options: dict[str, Any]) -> list[Output]:
         if self.preset == "image-classification":

@@ -6,6 +6,8 @@ tensors hold strings. ValueError for a bad tensor (-> HTTP 400).
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -45,15 +47,18 @@ def to_numpy(tensor: Any) -> NDArray[Any]:
     datatype, shape, data = tensor.get("datatype"), tensor.get("shape"), tensor.get("data")
     if datatype not in DATATYPES:
         raise ValueError(f"unknown datatype {datatype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise ValueError("shape must be a list of non-negative integers")
-    count = int(np.prod(shape)) if shape else 1
-    if count > MAX_TENSOR_ELEMENTS:
-        raise ValueError("tensor too large")
+    if math.prod(shape) > MAX_TENSOR_ELEMENTS:
+        raise ValueError(f"tensor too large: at most {MAX_TENSOR_ELEMENTS} elements")
     try:
-        array = np.asarray(data, dtype=DATATYPES[datatype])
+        with warnings.catch_warnings():  # an integer out of its datatype's range must not wrap
+            warnings.simplefilter("error", DeprecationWarning)
+            array = np.asarray(data, dtype=DATATYPES[datatype])
         return array.reshape(shape)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError, DeprecationWarning) as exc:
         raise ValueError(f"data does not match shape {shape} / {datatype}: {exc}") from exc
 
 

@@ -2,8 +2,9 @@
 
 Pipeline of one `generate` call (all on the event loop, nothing blocking):
 
-1. validate the SamplingParams (ValueError), tokenize a str prompt (ids pass through), check
-   prompt length + max_tokens against max_model_len (PromptTooLongError);
+1. validate the SamplingParams (ValueError), tokenize a str prompt (ids pass through, each
+   within the model's vocabulary, as the stop token ids: InvalidParamError), check prompt
+   length + max_tokens against max_model_len (PromptTooLongError);
 2. admission: a bounded waiting queue. A call counts as waiting from acceptance until its first
    output arrives (i.e. until the engine scheduled it); when `max_waiting_requests` calls or
    `max_waiting_prompt_tokens` prompt tokens are waiting, EngineOverloadedError (retry_after_s);
@@ -31,6 +32,7 @@ from modelyard.engine.messages import (
 from modelyard.engine.output_processor import (
     RequestState,
     check_prompt_length,
+    check_token_ids,
     load_tokenizer,
     prompt_ids,
     render_chat,
@@ -111,6 +113,11 @@ class AsyncLLM:
         return self._tokenizer
 
     @property
+    def vocab_size(self) -> int | None:
+        """Token ids the model accepts are in [0, vocab_size) (None: the worker did not say)."""
+        return self._client.ready.vocab_size or None
+
+    @property
     def ready(self) -> EngineReady:
         """What the worker reported at start (blocks, dtype, paths, RSS)."""
         return self._client.ready
@@ -128,6 +135,11 @@ class AsyncLLM:
             )
             self._prefixes = EnginePrefixes(self._client, registry)
         return self._prefixes
+
+    @property
+    def holds_pinned_prefixes(self) -> bool:
+        """True while a pinned prefix lives in this engine (the manager keeps it loaded)."""
+        return self._prefixes is not None and bool(self._prefixes.list())
 
     @property
     def engine_client(self) -> EngineCoreClient:
@@ -164,6 +176,7 @@ class AsyncLLM:
         """Stream the request's outputs (see LLMClient.generate for the error contract)."""
         params.validate()
         ids = await self._tokenize(prompt)
+        check_token_ids(ids, params, self.vocab_size)
         check_prompt_length(len(ids), params.max_tokens, self.max_model_len)
         if not self._client.is_alive:
             raise EngineDeadError(f"engine is not running: {self._client.dead_reason}")

@@ -32,6 +32,10 @@ class ModelConfig:
     auto = native when the architecture is supported."""
     num_threads: int | None = setting(None, ge=1)
     """torch intra-op threads in the worker; None keeps torch's default (all cores)."""
+    poison_token_ids: tuple[int, ...] = ()
+    """Fault drill for the isolation tests (engine/fault_drill.py): a step whose batch holds one
+    of these token ids raises in the runner, as a request that passed every check could. Empty
+    in service."""
 
     def __post_init__(self) -> None:
         check_fields(self)

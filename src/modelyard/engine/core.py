@@ -3,12 +3,17 @@
 `EngineCore` knows nothing about processes, sockets or text: the worker process
 (engine/worker.py) feeds it requests and aborts between steps and ships what `step()` returns.
 Everything here runs on one thread; no method blocks except `step()` while the model runs.
+
+A step whose execution raises fails only the requests that make it fail (engine/isolation.py
+finds them); the rest of the batch gets its tokens as if nothing had happened.
+
 Pinned prefixes (engine/pins.py) ride on the same step: a pin's prefill is an ordinary
 request, pinned when its output passes through `step()`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -16,6 +21,7 @@ from typing import Protocol
 import msgspec
 
 from modelyard.engine.config import EngineConfig
+from modelyard.engine.isolation import isolate_failure
 from modelyard.engine.messages import (
     EngineOutput,
     EngineRequest,
@@ -25,8 +31,10 @@ from modelyard.engine.messages import (
 )
 from modelyard.engine.pins import PrefixPins, pin_limit_blocks
 from modelyard.engine.scheduler import Scheduler
-from modelyard.engine.scheduler_output import StepRunner
+from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
 from modelyard.engine.spec_decode import SpecDecodePolicy
+
+logger = logging.getLogger(__name__)
 
 
 class LoRARunner(Protocol):
@@ -65,6 +73,7 @@ class EngineCore:
             eos_token_ids=runner.eos_token_ids,
             spec_policy=SpecDecodePolicy(config.speculative, runner.max_model_len),
             max_loras=config.lora.max_loras if config.lora is not None else 0,
+            vocab_size=runner.vocab_size,
         )
         kv = self.scheduler.kv_cache
         limit = pin_limit_blocks(
@@ -115,18 +124,33 @@ class EngineCore:
         self.pins.expire()
 
     def step(self) -> list[EngineOutput]:
-        """Run one batch; one output per request that got a token. [] when nothing ran."""
+        """Run one batch; one output per request that got a token or failed. [] when nothing
+        ran."""
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
+        failed: list[EngineOutput] = []
         try:
             runner_output = self.runner.execute(scheduler_output)
+        except Exception as exc:
+            runner_output, failed = self._isolate(scheduler_output, exc)
         except BaseException:
             self.scheduler.discard(scheduler_output)  # no half-written KV in the prefix cache
             raise
         self.num_computed_tokens += scheduler_output.num_batched_tokens
-        outputs = self.scheduler.update(scheduler_output, runner_output)
+        outputs = failed + self.scheduler.update(scheduler_output, runner_output)
         return [self.pins.finish(output) for output in outputs]
+
+    def _isolate(
+        self, scheduler_output: SchedulerOutput, exc: Exception
+    ) -> tuple[RunnerOutput, list[EngineOutput]]:
+        """The batch raised: re-run it in smaller groups to fail only the requests that make
+        it fail (engine/isolation.py). (tokens of the rest, error outputs of the culprits)"""
+        logger.exception("engine step failed; isolating the requests that make it fail")
+        block_size = self.config.cache.block_size
+        isolated = isolate_failure(self.runner, scheduler_output, exc, block_size)
+        failed = self.scheduler.fail_requests(scheduler_output, isolated.errors, isolated.recompute)
+        return isolated.output, failed
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -127,6 +127,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # cumulative prompt tokens found there
     num_preemptions: int = 0  # cumulative
+    num_failed_requests: int = 0  # cumulative: requests that made a step fail (failed alone)
     spec_decode_method: str = ""  # the speculative proposer ("" when the model has none)
     spec_decode_num_drafts: int = 0  # cumulative verification runs with >= 1 proposed token
     spec_decode_num_draft_tokens: int = 0  # cumulative tokens proposed
@@ -164,6 +165,7 @@ class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
     dtype: str
     implementation: str  # "native" or "generic"
     rss_bytes: int  # the worker's resident memory after load
+    vocab_size: int = 0  # token ids must be in [0, vocab_size) (0: unknown, not checked)
     max_pinned_blocks: int = 0  # the pin budget in blocks (engine/pins.py: pin_limit_blocks)
 
 

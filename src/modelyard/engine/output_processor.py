@@ -30,7 +30,7 @@ from modelyard.engine.protocol import (
     RequestOutput,
     Tokenizer,
 )
-from modelyard.engine.sampling_params import SamplingParams
+from modelyard.engine.sampling_params import InvalidParamError, SamplingParams
 
 
 def load_tokenizer(path: str) -> Tokenizer:
@@ -56,6 +56,18 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[dict[str, str]]) -> lis
     render = cast(Any, tokenizer).apply_chat_template
     text = render(list(messages), tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(str(text), add_special_tokens=False)
+
+
+def check_token_ids(prompt_ids: list[int], params: SamplingParams, vocab_size: int | None) -> None:
+    """InvalidParamError for a prompt or stop token id outside [0, vocab_size)."""
+    if vocab_size is None:
+        return
+    for param, ids in (("prompt", prompt_ids), ("stop_token_ids", params.stop_token_ids)):
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidParamError(
+                param, f"holds token id {bad}, outside the vocabulary [0, {vocab_size})"
+            )
 
 
 def check_prompt_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:

@@ -26,6 +26,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()  # EOS or a stop token id
     FINISHED_LENGTH = enum.auto()  # max_tokens or the context length
     FINISHED_ABORTED = enum.auto()  # aborted by the API process
+    FINISHED_ERROR = enum.auto()  # made its step fail (engine/isolation.py): failed alone
 
     @property
     def is_finished(self) -> bool:
@@ -42,12 +43,14 @@ _FINISHED = frozenset(
         RequestStatus.FINISHED_STOPPED,
         RequestStatus.FINISHED_LENGTH,
         RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_ERROR,
     }
 )
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
 
 

@@ -1,8 +1,9 @@
 """Per-request sampling parameters.
 
 `SamplingParams` travels from the API process to the engine worker inside `EngineRequest`
-(a msgspec struct, so it is part of the wire format). `validate()` raises `ValueError` naming
-the offending field; the HTTP layer turns that into a 400.
+(a msgspec struct, so it is part of the wire format). `validate()` raises `InvalidParamError`
+(a ValueError) naming the offending field; the HTTP layer turns that into a 400. Integers are
+bounded so that they fit their wire type (and torch's int64) wherever they travel.
 
 Stop strings (`stop`) are applied in the API process by the detokenizer, never in the engine:
 the engine knows only token ids.
@@ -14,6 +15,23 @@ import msgspec
 
 #: Largest number of top alternatives a request may ask for (`logprobs`).
 MAX_LOGPROBS = 20
+#: Integer fields travel as 64-bit integers (msgspec); seeds take the whole signed range.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Counts (n, top_k, max_tokens, min_tokens) stay within 32 bits.
+INT32_MAX = 2**31 - 1
+
+
+class InvalidParamError(ValueError):
+    """A request field has a value the engine refuses; `param` names the field (HTTP 400)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param} {message}")
+        self.param = param
+        self.detail = message  # the message without the field name
+
+    def renamed(self, param: str) -> InvalidParamError:
+        """The same error for a request field with another name (max_completion_tokens...)."""
+        return InvalidParamError(param, self.detail)
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -64,7 +82,16 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         return self.temperature == 0.0
 
     def validate(self) -> SamplingParams:
-        """Raise ValueError naming the first invalid field; return self for chaining."""
+        """Raise InvalidParamError (a ValueError) naming the first invalid field; return self
+        for chaining."""
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs"):
+            value = getattr(self, name)
+            _check(value is None or value <= INT32_MAX, name, f"must be <= {INT32_MAX}")
+        _check(
+            self.seed is None or INT64_MIN <= self.seed <= INT64_MAX,
+            "seed",
+            "must be a signed 64-bit integer",
+        )
         _check(self.n >= 1, "n", "must be >= 1")
         _check(0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
@@ -85,11 +112,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             "logprobs",
             f"must be in [0, {MAX_LOGPROBS}]",
         )
-        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0")
+        _check(
+            all(0 <= t <= INT32_MAX for t in self.stop_token_ids),
+            "stop_token_ids",
+            "must be token ids (>= 0)",
+        )
         _check(all(s != "" for s in self.stop), "stop", "must not contain empty strings")
         return self
 
 
 def _check(ok: bool, field: str, message: str) -> None:
     if not ok:
-        raise ValueError(f"{field} {message}")
+        raise InvalidParamError(field, message)

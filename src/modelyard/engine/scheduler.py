@@ -31,12 +31,11 @@ accepted tokens before the target's own, each through the stop checks.
 Blocks enter the prefix cache when the tokens that fill them are scheduled (vLLM does the
 same), so n > 1 siblings admitted in one step share the prompt's blocks at once; the runner
 writes all new K/V of a step before attention reads the cache. A request preempted after it was
-put in the batch, or a batch that fails (`discard`), withdraws those entries again.
+put in the batch, or a batch that fails (`discard`, `fail_requests`), withdraws those entries
+again. `fail_requests` settles a batch that failed in part (engine/isolation.py): the requests
+that made it fail finish as ERROR, those that depended on them are preempted.
 
-Stop checks, in order, on each new token: a stop token id, then EOS unless ignore_eos — both
-only once at least `min_tokens` tokens were generated BEFORE this one (the same rule the
-sampler's mask follows); then max_tokens; then the context length -> LENGTH. As in vLLM, the
-stop token is kept in the output ids; `stop_reason` is set for stop_token_ids only (not EOS).
+The stop checks on each new token are engine.step_outputs'.
 
 The context length used here is min(max_model_len, num_blocks * block_size): a request that
 could never fit in the whole KV cache would otherwise wait forever.
@@ -50,14 +49,12 @@ from collections.abc import Iterable
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig
 from modelyard.engine.kv_cache import KVCacheManager
-from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats, TokenLogprobs
+from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats
 from modelyard.engine.request import Request, RequestStatus
-from modelyard.engine.scheduler_output import (
-    RunnerOutput,
-    SchedulerOutput,
-)
+from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput
 from modelyard.engine.scheduler_state import StepBatch, WaitingQueue
 from modelyard.engine.spec_decode import SpecDecodePolicy, SpecDecodeStats
+from modelyard.engine.step_outputs import append_tokens, error_output
 
 
 def _rank(request: Request) -> tuple[int, float, int]:
@@ -81,6 +78,7 @@ class Scheduler:
         eos_token_ids: Iterable[int],
         spec_policy: SpecDecodePolicy | None = None,
         max_loras: int = 0,
+        vocab_size: int | None = None,
     ) -> None:
         self.config = scheduler_config
         self.kv_cache = KVCacheManager(
@@ -88,14 +86,15 @@ class Scheduler:
         )
         self.max_model_len = min(max_model_len, num_blocks * cache_config.block_size)
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size  # prompt and stop token ids are below it (None: unchecked)
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
         self.num_preemptions = 0  # cumulative
         self.max_loras = max_loras  # most different LoRA adapters among running requests
         self.spec_policy = spec_policy or SpecDecodePolicy(None, self.max_model_len)
-        method = self.spec_policy.config.method if self.spec_policy.config else ""
-        self.spec_stats = SpecDecodeStats(method=method)
+        self.spec_stats = SpecDecodeStats(method=self.spec_policy.method)
+        self.num_failed_requests = 0  # cumulative: requests failed by `fail_requests`
         self.num_aborted = 0  # cumulative: live requests aborted (not those already finished)
         self._finished_ids: set[str] = set()  # to hand to the runner with the next batch
         self._preempted_ids: set[str] = set()  # likewise
@@ -104,8 +103,9 @@ class Scheduler:
     # ------------------------------------------------------------------ requests in / out
 
     def add_request(self, message: EngineRequest) -> None:
-        """Queue a request. ValueError for a duplicate id, an empty prompt, a prompt longer
-        than max_model_len - 1 (no room for one output token) or invalid sampling params."""
+        """Queue a request. ValueError for a duplicate id, an empty prompt, a token id outside
+        the vocabulary, a prompt longer than max_model_len - 1 (no room for one output token)
+        or invalid sampling params."""
         if message.request_id in self.requests:
             raise ValueError(f"request id {message.request_id!r} is already live")
         num_prompt = len(message.prompt_token_ids)
@@ -119,6 +119,9 @@ class Scheduler:
         message.sampling_params.validate()
         if message.lora is not None and not self.max_loras:
             raise ValueError("this model serves no LoRA adapters")
+        token_ids = (*message.prompt_token_ids, *message.sampling_params.stop_token_ids)
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in token_ids):
+            raise ValueError(f"a prompt or stop token id is outside [0, {self.vocab_size})")
         request = Request.from_engine_request(message)
         request.arrival_order = next(self._arrivals)
         self.requests[request.request_id] = request
@@ -146,7 +149,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         kv = self.kv_cache
-        return SchedulerStats(
+        stats = SchedulerStats(
             num_running=self.num_running,
             num_waiting=self.num_waiting,
             num_blocks=kv.num_blocks,
@@ -155,13 +158,11 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
-            spec_decode_method=self.spec_stats.method,
-            spec_decode_num_drafts=self.spec_stats.num_drafts,
-            spec_decode_num_draft_tokens=self.spec_stats.num_draft_tokens,
-            spec_decode_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
-            spec_decode_num_accepted_tokens_per_pos=list(self.spec_stats.accepted_per_pos),
+            num_failed_requests=self.num_failed_requests,
             num_aborted=self.num_aborted,
         )
+        self.spec_stats.fill(stats)
+        return stats
 
     # ------------------------------------------------------------------ schedule
 
@@ -272,9 +273,15 @@ class Scheduler:
 
     def _preempt(self, request: Request, batch: StepBatch) -> None:
         """Preempt by recompute: free the blocks, keep the outputs, queue it again."""
-        self.running.remove(request)
         if request.request_id in batch.scheduled:  # its KV for this step will not be written
             self.kv_cache.uncache_blocks(request, request.num_computed_tokens)
+        self._requeue(request)
+        batch.remove(request.request_id)
+        batch.preempted_ids.add(request.request_id)
+
+    def _requeue(self, request: Request) -> None:
+        """Free a running request's blocks, keep its outputs, queue it again for recompute."""
+        self.running.remove(request)
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -282,8 +289,6 @@ class Scheduler:
         self.num_preemptions += 1
         self._preempted_ids.add(request.request_id)
         self.waiting.push(request, front_of_class=True)
-        batch.remove(request.request_id)
-        batch.preempted_ids.add(request.request_id)
 
     def _to_output(self, batch: StepBatch) -> SchedulerOutput:
         """Decodes first, then prefill chunks; advance num_computed_tokens for all of them."""
@@ -319,23 +324,30 @@ class Scheduler:
         missing = [
             s.request_id
             for s in scheduler_output.scheduled
-            if s.sample and s.request_id in self.requests and s.request_id not in sampled
+            if s.sample and self._is_running(s.request_id) and s.request_id not in sampled
         ]
         if missing:
             raise RuntimeError(f"runner output has no sampled token for {missing}")
         outputs: list[EngineOutput] = []
         for entry in scheduler_output.scheduled:
-            request = self.requests.get(entry.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # aborted (or preempted) since it was scheduled
-            if entry.sample:
-                tokens = [sampled[entry.request_id]]
-                if entry.num_spec_tokens:
-                    draft = runner_output.drafts.get(entry.request_id)
-                    accepted = self.spec_stats.settle(request, entry, draft, self.kv_cache)
-                    tokens = [*accepted, *tokens]
-                logprobs = runner_output.logprobs.get(entry.request_id)
-                outputs.append(self._append_tokens(request, tokens, logprobs))
+            if not entry.sample or not self._is_running(entry.request_id):
+                continue  # a non-final prefill chunk, or aborted/preempted since scheduled
+            request = self.requests[entry.request_id]
+            tokens = [sampled[entry.request_id]]
+            if entry.num_spec_tokens:
+                draft = runner_output.drafts.get(entry.request_id)
+                accepted = self.spec_stats.settle(request, entry, draft, self.kv_cache)
+                tokens = [*accepted, *tokens]
+            output, status = append_tokens(
+                request,
+                tokens,
+                runner_output.logprobs.get(entry.request_id),
+                eos_token_ids=self.eos_token_ids,
+                max_model_len=self.max_model_len,
+            )
+            if status is not None:
+                self._finish(request, status)
+            outputs.append(output)
         return outputs
 
     def discard(self, scheduler_output: SchedulerOutput) -> None:
@@ -347,43 +359,34 @@ class Scheduler:
                 request.num_computed_tokens = entry.start_position
                 self.kv_cache.uncache_blocks(request, entry.start_position)
 
-    def _append_tokens(
-        self, request: Request, token_ids: list[int], logprobs: TokenLogprobs | None
-    ) -> EngineOutput:
-        """Append tokens one by one until a stop check ends the request (the rest dropped)."""
-        num_before = request.num_output_tokens
-        status: RequestStatus | None = None
-        for token_id in token_ids:
-            request.append_output_token(token_id)
-            status = self._check_stop(request, token_id)
-            if status is not None:
-                self._finish(request, status)
-                break
-        want_logprobs = logprobs is not None and request.sampling_params.logprobs is not None
-        return EngineOutput(
-            request_id=request.request_id,
-            new_token_ids=request.output_token_ids[num_before:],
-            new_logprobs=[logprobs] if want_logprobs and logprobs is not None else None,
-            finish_reason=status.finish_reason if status is not None else None,
-            stop_reason=request.stop_reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=request.num_cached_tokens,
-            first_scheduled_time=request.first_scheduled_time if num_before == 0 else None,
-        )
+    def fail_requests(
+        self,
+        scheduler_output: SchedulerOutput,
+        errors: dict[str, str],
+        recompute: Iterable[str] = (),
+    ) -> list[EngineOutput]:
+        """Settle a batch that failed in part (engine/isolation.py). Each request in `errors`
+        made it fail: it finishes as ERROR, with one final output carrying the message. Each in
+        `recompute` could not run (its KV depended on a failed one): it goes back to the
+        waiting queue as if preempted. Either way the prefix-cache entries its KV of this step
+        would have filled are withdrawn. The rest of the batch is not touched."""
+        starts = {entry.request_id: entry.start_position for entry in scheduler_output.scheduled}
+        for request_id in recompute:
+            request = self.requests[request_id]
+            self.kv_cache.uncache_blocks(request, starts[request_id])
+            self._requeue(request)
+        outputs = []
+        for request_id, error in errors.items():
+            request = self.requests[request_id]
+            self.kv_cache.uncache_blocks(request, starts[request_id])
+            self._finish(request, RequestStatus.FINISHED_ERROR)
+            self.num_failed_requests += 1
+            outputs.append(error_output(request, error))
+        return outputs
 
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_output_tokens - 1 >= params.min_tokens:
-            if token_id in params.stop_token_ids:
-                request.stop_reason = token_id
-                return RequestStatus.FINISHED_STOPPED
-            if not params.ignore_eos and token_id in self.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
+    def _is_running(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)
+        return request is not None and request.status is RequestStatus.RUNNING
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Leave the scheduler now: free the blocks, tell the runner with the next batch."""

@@ -119,6 +119,11 @@ class StepRunner(Protocol):
         """Token ids that end a generation unless ignore_eos."""
         ...
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model's embedding accepts: [0, vocab_size)."""
+        ...
+
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         """Run one step on the model; sample for the requests with sample=True."""
         ...

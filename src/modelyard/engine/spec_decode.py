@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from modelyard.engine.config import SpeculativeConfig
 from modelyard.engine.kv_cache import KVCacheManager
+from modelyard.engine.messages import SchedulerStats
 from modelyard.engine.request import Request
 from modelyard.engine.scheduler_output import DraftResult, ScheduledRequest
 
@@ -54,6 +55,11 @@ class SpecDecodePolicy:
     @property
     def enabled(self) -> bool:
         return self.config is not None
+
+    @property
+    def method(self) -> str:
+        """The proposer ("" when the model does not speculate)."""
+        return self.config.method if self.config is not None else ""
 
     def step_allows(self, num_running: int) -> bool:
         """Rule 3: False when the step starts with too many running requests."""
@@ -111,6 +117,14 @@ class SpecDecodeStats:
         if draft is not None:
             self.observe(len(draft.draft_token_ids), len(accepted))
         return accepted
+
+    def fill(self, stats: SchedulerStats) -> None:
+        """Copy the counts into the scheduler's stats (its spec_decode_* fields)."""
+        stats.spec_decode_method = self.method
+        stats.spec_decode_num_drafts = self.num_drafts
+        stats.spec_decode_num_draft_tokens = self.num_draft_tokens
+        stats.spec_decode_num_accepted_tokens = self.num_accepted_tokens
+        stats.spec_decode_num_accepted_tokens_per_pos = list(self.accepted_per_pos)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:

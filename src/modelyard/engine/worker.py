@@ -11,9 +11,10 @@ sends `EngineReady` (or `EngineFailed` and exits 1), then runs `serve`:
        heartbeat every HEARTBEAT_INTERVAL_S so the client can tell the worker is alive.
     While a step runs, a pulse thread sends `Heartbeat`s (up to MAX_STEP_S into the step).
 
-`Shutdown` ends the loop with exit status 0. An exception in a step fails every live request
-with a FinishReason.ERROR output and the worker keeps serving; an exception while doing that
-(or anything else unexpected) propagates and the process exits non-zero.
+`Shutdown` ends the loop with exit status 0. A request that makes a step fail fails alone
+(the core isolates it, engine/isolation.py). Should `core.step()` raise all the same, every live
+request gets a FinishReason.ERROR output and the worker keeps serving; an exception while doing
+that (or anything else unexpected) propagates and the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -134,10 +135,11 @@ def run_engine_worker(config: EngineConfig, addresses: IpcAddresses) -> None:
 
 def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     from modelyard.engine.core import EngineCore
+    from modelyard.engine.fault_drill import with_poison
     from modelyard.runner.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.speculative, config.lora)
-    core = EngineCore(config, runner)
+    core = EngineCore(config, with_poison(runner, config.model.poison_token_ids))
     ready = EngineReady(
         num_blocks=runner.num_kv_blocks,
         block_size=config.cache.block_size,
@@ -147,6 +149,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
         dtype=config.model.dtype,
         implementation=str(getattr(runner, "implementation", config.model.implementation)),
         rss_bytes=psutil.Process().memory_info().rss,
+        vocab_size=runner.vocab_size,
         max_pinned_blocks=core.pins.limit_blocks,
     )
     return core, ready
@@ -239,8 +242,8 @@ def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConne
 
 
 def _step(core: Core, live: set[str]) -> list[EngineOutput]:
-    """core.step(); on an exception, abort and fail every live request (the step's batch is not
-    known from outside the core, so all of them are affected)."""
+    """core.step(); should it raise (the core isolates a failing request itself, so this is a
+    bug), abort and fail every live request: the step's batch is not known from outside."""
     try:
         outputs = core.step()
     except Exception as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
+from urllib.parse import quote
 
 from modelyard.gateway.config import ADMIN_SCOPE, INFER_SCOPE
 
@@ -66,8 +67,11 @@ class RouteDecision:
 
     @property
     def header(self) -> str:
-        """Value of the x-modelyard-route response header: `requested->served;policy`."""
-        return f"{self.requested}->{self.served or '-'};{self.reason}"
+        """Value of the x-modelyard-route response header: `requested->served;policy`, the
+        requested name percent-encoded (a client's name may hold any character; a header
+        only visible ASCII)."""
+        requested = quote(self.requested, safe="-._~:/@+!*'()")
+        return f"{requested}->{self.served or '-'};{self.reason}"
 
 
 class ModelRouter(Protocol):

@@ -50,6 +50,9 @@ DEFAULT_OPEN_PATHS = (
     "/ready",
     "/v2/health/live",
     "/v2/health/ready",
+    "/ui",  # the web console's page and files (api/routes/console.py); its data calls are not
+    "/ui/",
+    "/ui/static/*",  # a trailing "*": every path that starts with what comes before it
 )
 
 INFER_SCOPE = "infer"  # may run the models on its allow-list

@@ -1,10 +1,10 @@
 """The gateway's edge: one pure ASGI middleware that authenticates every request.
 
 Per HTTP request:
-1. paths in `open_paths` get the anonymous principal and no quota; any other path
-   authenticates (401; 403 for an unknown JWT tenant; 503 when the key store or the JWKS
-   cannot answer). With auth off, a Principal already in the scope (set by a trusted outer
-   layer) is kept.
+1. paths in `open_paths` (or under an entry ending in `*`, a prefix) get the anonymous
+   principal and no quota; any other path authenticates (401; 403 for an unknown JWT tenant;
+   503 when the key store or the JWKS cannot answer). With auth off, a Principal already in
+   the scope (set by a trusted outer layer) is kept.
 2. the `Principal` goes into `scope[PRINCIPAL_SCOPE_KEY]`, a `RequestUsage` into
    `scope[USAGE_SCOPE_KEY]` and a `Ticket` (identity, quota, usage) into
    `scope[TICKET_SCOPE_KEY]`; the request path (gateway/request_path.py) authorizes, routes,
@@ -42,13 +42,15 @@ class AuthMiddleware:
     def __init__(self, app: ASGIApp, *, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
-        self.open_paths = frozenset(gateway.config.open_paths)
+        paths = gateway.config.open_paths
+        self.open_paths = frozenset(p for p in paths if not p.endswith("*"))
+        self.open_prefixes = tuple(p[:-1] for p in paths if p.endswith("*"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._closing_on_shutdown(send))
             return
-        if scope["type"] == "websocket" and scope["path"] not in self.open_paths:
+        if scope["type"] == "websocket" and not self._is_open(scope["path"]):
             await self._websocket(scope, receive, send)
             return
         if scope["type"] != "http":
@@ -65,7 +67,7 @@ class AuthMiddleware:
         usage = scope.get(USAGE_SCOPE_KEY)
         if not isinstance(usage, RequestUsage):
             usage = scope[USAGE_SCOPE_KEY] = RequestUsage()
-        open_path = scope["path"] in self.open_paths
+        open_path = self._is_open(scope["path"])
         ticket = Ticket(self.gateway, identity, usage, open_path=open_path)
         scope[TICKET_SCOPE_KEY] = ticket
 
@@ -79,8 +81,12 @@ class AuthMiddleware:
         finally:
             await ticket.close()
 
+    def _is_open(self, path: str) -> bool:
+        """In open_paths, or under one of its prefixes (entries ending in "*")."""
+        return path in self.open_paths or path.startswith(self.open_prefixes)
+
     async def _identity(self, scope: Scope) -> Identity:
-        if scope["path"] in self.open_paths:
+        if self._is_open(scope["path"]):
             return Identity(scope.setdefault(PRINCIPAL_SCOPE_KEY, ANONYMOUS), Quota())
         identity = await self.gateway.authenticator.authenticate(dict(scope["headers"]))
         outer = scope.get(PRINCIPAL_SCOPE_KEY)

@@ -22,6 +22,10 @@ class ModelLoadError(RuntimeError):
     """The model failed to load (HTTP 503 with the reason; retried later with backoff)."""
 
 
+class RequestFailedError(RuntimeError):
+    """The model failed on this request (its batch-mates were not affected): HTTP 500."""
+
+
 class ModelUnavailableError(RuntimeError):
     """No memory could be freed in time, or the model's worker died (HTTP 503 + Retry-After)."""
 

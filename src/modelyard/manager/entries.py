@@ -41,7 +41,9 @@ class Entry:
 
     @property
     def is_idle(self) -> bool:
-        return self.leases == 0 and self.waiters == 0 and not self.spec.pin
+        """Evictable: no lease or waiter, not pinned, no pinned prefix in its engine."""
+        holds_pins = bool(getattr(self.model, "holds_pins", False))
+        return self.leases == 0 and self.waiters == 0 and not self.spec.pin and not holds_pins
 
     def touch(self) -> None:
         self.last_used = time.monotonic()

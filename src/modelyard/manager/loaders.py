@@ -105,6 +105,11 @@ class LLMModel:
     def is_alive(self) -> bool:
         return bool(self.llm.is_alive)
 
+    @property
+    def holds_pins(self) -> bool:
+        """Pinned prefixes (CAG) live in this engine: evicting it would drop them."""
+        return bool(getattr(self.llm, "holds_pinned_prefixes", False))
+
     def memory_bytes(self) -> int | None:
         if self.pid is not None:
             try:

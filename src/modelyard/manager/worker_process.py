@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 from modelyard.backends import backend_target
-from modelyard.manager.base import ModelLoadError, ModelUnavailableError
+from modelyard.manager.base import ModelLoadError, ModelUnavailableError, RequestFailedError
 from modelyard.model_spec import ModelKind, ModelSpec
 from modelyard.observability import metrics
 from modelyard.transport.base import Codec
@@ -177,7 +177,7 @@ class WorkerProcess:
         elif message.bad_input:
             future.set_exception(ValueError(message.error))
         else:
-            future.set_exception(RuntimeError(f"{self.spec.id}: {message.error}"))
+            future.set_exception(RequestFailedError(f"{self.spec.id}: {message.error}"))
 
     def _dead_error(self, reason: str) -> ModelUnavailableError:
         return ModelUnavailableError(

@@ -8,10 +8,11 @@ right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
 - sets the gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`,
   `pinned_prefix_blocks`, `pinned_prefixes`;
 - turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
-  `prefix_cache_hits`, `num_preemptions`, `pinned_prefix_hits`, `lora_loads`, and the
-  `spec_decode_*` ones of a model that speculates, labelled with its proposer) into increments
-  of the Prometheus counters, by remembering the last value seen per model. A value lower than
-  the last one means the engine restarted: the new value counts in full (what Prometheus'
+  `prefix_cache_hits`, `num_preemptions`, `pinned_prefix_hits`, `num_failed_requests`,
+  `lora_loads`, and the `spec_decode_*` ones of a model that speculates, labelled with its
+  proposer) into increments of the Prometheus counters, by remembering the last value seen per
+  model. A value lower than the last one means the engine restarted: the new value counts in
+  full (what Prometheus'
   `rate()` assumes after a reset);
 - removes the gauge series of models no longer loaded (counters keep their totals).
 """
@@ -27,6 +28,7 @@ from prometheus_client import Counter
 
 from modelyard.engine.messages import SchedulerStats
 from modelyard.observability.metrics import (
+    ENGINE_FAILED_REQUESTS,
     KV_CACHE_USAGE,
     LORA_LOAD_SECONDS,
     LORA_LOADS,
@@ -55,6 +57,7 @@ _CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("prefix_cache_hits", PREFIX_CACHE_HITS),
     ("num_preemptions", NUM_PREEMPTIONS),
     ("pinned_prefix_hits", PINNED_PREFIX_HITS),
+    ("num_failed_requests", ENGINE_FAILED_REQUESTS),
     ("lora_loads", LORA_LOADS),
 )
 _GAUGES = (

@@ -109,6 +109,11 @@ PREFIX_CACHE_HITS = Counter(
     P + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["model"]
 )
 NUM_PREEMPTIONS = Counter(P + "num_preemptions", "Preemptions.", ["model"])
+ENGINE_FAILED_REQUESTS = Counter(
+    P + "engine_failed_requests",
+    "Requests that made an engine step fail (failed alone; their batch-mates went on).",
+    ["model"],
+)
 PINNED_PREFIX_BLOCKS = Gauge(
     P + "pinned_prefix_blocks", "KV blocks held by pinned prefixes (never evicted).", ["model"]
 )

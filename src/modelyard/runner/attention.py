@@ -16,7 +16,7 @@ compiled kernels the model's fused RoPE op writes them instead). Then:
   keys [0, p] of its request, read in place from the cache through the block table
   (`AttentionMetadata.kernel_rows`; a prefill chunk's rows share its table). A prefill row so
   costs what SDPA's causal flash kernel would, in one call per layer instead of one per chunk
-  (2.1x less time than SDPA on a bf16 step of 16 x 128-token prompts), with SDPA's arithmetic
+  (less time than SDPA: docs/benchmarks.md), with SDPA's arithmetic
   but not its summation order: results within its rounding, not its bits.
   `MODELYARD_PREFILL_SDPA=1` keeps SDPA for prefill chunks (their bits then equal
   transformers' for a prompt attended whole);

@@ -1,33 +1,31 @@
 """Linear layers with the weight packed once for the runner's own float32 GEMM.
 
 A decode step multiplies a few dozen rows (one per running request) by every weight. `F.linear`
-hands that to MKL's sgemm, which re-packs the (N, K) weight on every call (30-35 GFLOP/s at 32
-rows for SmolLM2's lm_head on a 2-core AVX2 host); oneDNN with a weight packed once does better
-(~60-85) but still leaves half of the FMA peak (~92 GFLOP/s per core here) unused at 32 rows.
-The runner's kernel (`csrc/gemm.cpp`: 16-column weight panels packed at load, a 6 x 16
-register-blocked micro-kernel, the next weight chunk prefetched at decode sizes) reaches 85-95
-GFLOP/s at 32 rows over the whole model's weights on the same host, and matches `F.linear` at
-prefill sizes (~120 GFLOP/s at 2048 rows over SmolLM2's four layer shapes). Built for
-AVX-512, the micro-kernel holds 12 x 16 outputs in 16-float registers instead (same bits).
+hands that to MKL's sgemm, which re-packs the (N, K) weight on every call; oneDNN with a weight
+packed once does better but still leaves much of the FMA peak unused at decode row counts. The
+runner's kernel (`csrc/gemm.cpp`: 16-column weight panels packed at load, a 6 x 16
+register-blocked micro-kernel, the next weight chunk prefetched at decode sizes) runs near that
+peak at decode sizes and level with `F.linear` at prefill sizes (figures: docs/benchmarks.md,
+"Figures behind choices in the code"). Built for AVX-512, the micro-kernel holds 12 x 16
+outputs in 16-float registers instead (same bits).
 
 `SwiGLU` packs a layer's gate and up weights together, 16 rows of each in turn, and the kernel
 applies silu(gate) * up to each pair of 16-column tiles while they are still in L1, so the
-(T, 2I) projection is never written to memory and read back (at 2048 prefill rows that pass cost
-~3 % of the step).
+(T, 2I) projection is never written to memory and read back.
 
 bfloat16 weights are packed once too, where torch's oneDNN has native bf16 kernels (AVX-512
 BF16 / AMX hosts): oneDNN's own blocked layout (`mkldnn._reorder_linear_weight`), so a call no
 longer re-lays the weight out. `F.linear` in bf16 runs the same oneDNN kernels, so the result is
-bit-identical to it (tested), and 1.2-2x faster at decode row counts (1-32 rows) on an AVX-512
-BF16 host; at prefill sizes the two are level. At decode sizes (up to 64 rows) and K up to 3072,
+bit-identical to it (tested), and faster at decode row counts; at prefill sizes the two are
+level. At decode sizes (up to 64 rows) and K up to 3072,
 bf16 runs the runner's own GEMM instead (`csrc/gemm_bf16.cpp`: `vdpbf16ps` panels, the next
 weights prefetched), which sums in oneDNN's order and so gives the same bits (tested at 1-64
-rows), ~1.35x faster over a decode step's weights. bf16 `SwiGLU` runs it at every row count
+rows), and faster still over a decode step's weights. bf16 `SwiGLU` runs it at every row count
 (the order holds there too, tested to 2048 rows), with silu(gate) * up applied to its tiles as
 the float32 kernel does. On AMX hosts the runner's AMX tile GEMM (`csrc/gemm_amx.cpp`, the same
 panels) runs instead at up to 32 rows, where oneDNN's AMX kernels sum in its order (tested at
-1-32 rows; past 32 they split the sum otherwise and keep the layer), SwiGLU fused likewise:
-1.5x oneDNN's speed at 32 rows, where a decode step is bound by streaming the weights. Which
+1-32 rows; past 32 they split the sum otherwise and keep the layer), SwiGLU fused likewise,
+faster than oneDNN at decode sizes, where a step is bound by streaming the weights. Which
 kernel, if any, is `kernels.bf16_gemm_path()`: only where it finds oneDNN's bits at load unless
 `MODELYARD_BF16_GEMM=always` (runner.kernel_config); elsewhere bf16 keeps oneDNN.
 

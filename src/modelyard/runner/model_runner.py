@@ -162,6 +162,10 @@ class ModelRunner:
     def eos_token_ids(self) -> list[int]:
         return list(self._eos_token_ids)
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.resolved.config.vocab_size)
+
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         """Run one step; sample for the requests with sample=True (and verify proposals)."""
         self._forget(scheduler_output)

@@ -9,9 +9,16 @@ Policy, for one request with prompt token ids and an optional session id:
    prefix to the shortest. The first key found names the replica that served it last; a replica
    that is no longer a candidate (dead, scaled down) is skipped.
 3. **Load guard.** The preferred replica is chosen only if its queue is at most `max_queue_gap`
-   requests longer than the least loaded candidate's. Otherwise (or with no preference) the
-   caller falls back to power of two choices among the candidates.
-4. **Record.** Once routed, every key of the request points at the replica that got it (and
+   requests longer than the least loaded candidate's. Otherwise the caller falls back to power
+   of two choices among the candidates.
+4. **New prefixes.** A prompt with at least one full block and no preference goes to the
+   replica that owns the fewest keys of the table (the least cached, as SGLang's cache-aware
+   router sends a miss to its smallest tree), among the candidates within `max_queue_gap` of the
+   shortest queue; when several own equally few (or one replica is that close), the caller
+   falls back to power of two choices.
+   So distinct prefixes spread evenly over the replicas' caches instead of by the queue lengths
+   of the moment. Prompts shorter than a block always fall back.
+5. **Record.** Once routed, every key of the request points at the replica that got it (and
    becomes the most recently used). The table is bounded: past `capacity` keys the least recently
    used are forgotten.
 
@@ -21,7 +28,7 @@ stale entry only costs a cache miss in the engine, never a wrong answer.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,9 +74,14 @@ class PrefixAffinity:
         self.capacity = capacity
         self.max_queue_gap = max_queue_gap
         self._table: OrderedDict[int, str] = OrderedDict()
+        self._owned: Counter[str] = Counter()  # replica -> keys of the table that name it
 
     def __len__(self) -> int:
         return len(self._table)
+
+    def owned(self, replica: str) -> int:
+        """How many keys of the table name `replica` (its share of the cached prefixes)."""
+        return self._owned[replica]
 
     def preferred(self, keys: RoutingKeys, candidates: Mapping[str, int]) -> str | None:
         """The replica that served the longest known key, if it is still a candidate."""
@@ -80,27 +92,46 @@ class PrefixAffinity:
         return None
 
     def choose(self, keys: RoutingKeys, queue_lens: Mapping[str, int]) -> str | None:
-        """The preferred replica if the load guard allows it, else None (fall back).
+        """The preferred replica if the load guard allows it; for a new prefix the least
+        cached replica; else None (fall back).
 
         `queue_lens`: every candidate replica's queue length (ongoing requests)."""
         if not queue_lens:
             return None
+        shortest = min(queue_lens.values())
         replica = self.preferred(keys, queue_lens)
-        if replica is None:
+        if replica is not None:
+            return replica if queue_lens[replica] - shortest <= self.max_queue_gap else None
+        if not keys.prefix:
             return None
-        if queue_lens[replica] - min(queue_lens.values()) > self.max_queue_gap:
+        near = [r for r, n in queue_lens.items() if n - shortest <= self.max_queue_gap]
+        if len(near) < 2:
             return None
-        return replica
+        fewest = min(self._owned[r] for r in near)
+        least_cached = [r for r in near if self._owned[r] == fewest]
+        return least_cached[0] if len(least_cached) == 1 else None
 
     def record(self, keys: RoutingKeys, replica: str) -> None:
         """Point every key at `replica` (most recently used); forget the oldest past capacity."""
         for key in keys.all():
+            previous = self._table.get(key)
+            if previous != replica:
+                if previous is not None:
+                    self._disown(previous)
+                self._owned[replica] += 1
             self._table[key] = replica
             self._table.move_to_end(key)
         while len(self._table) > self.capacity:
-            self._table.popitem(last=False)
+            _, oldest = self._table.popitem(last=False)
+            self._disown(oldest)
 
     def forget_replica(self, replica: str) -> None:
         """Drop every key of a replica that is gone."""
         for key in [k for k, r in self._table.items() if r == replica]:
             del self._table[key]
+        self._owned.pop(replica, None)
+
+    def _disown(self, replica: str) -> None:
+        self._owned[replica] -= 1
+        if not self._owned[replica]:
+            del self._owned[replica]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from modelyard.engine.messages import SchedulerStats
-from modelyard.engine.output_processor import check_prompt_length
+from modelyard.engine.output_processor import check_prompt_length, render_chat
 from modelyard.engine.protocol import (
     EngineDeadError,
     EngineOverloadedError,
@@ -112,9 +112,7 @@ class RayLLMClient:
         return True  # Serve replaces dead replicas; a failed call raises EngineDeadError
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        render = cast(Any, self._info.tokenizer).apply_chat_template
-        text = render(list(messages), tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(str(text), add_special_tokens=False)
+        return render_chat(self.tokenizer, messages)
 
     async def generate(
         self,

@@ -6,8 +6,9 @@ request_router_kwargs={...})`; Serve builds one per deployment handle (in the in
 the first rank that accepts it. This class only ranks:
 
 - a request whose first argument is an `LLMCall` gets `[[preferred]]` when the affinity table
-  (scale/affinity.py) names a replica and the load guard allows it, then a power-of-two rank as
-  a fallback should the preferred one reject the request;
+  (scale/affinity.py) names a replica and the load guard allows it, or, for a prompt whose
+  prefix no replica served yet, the replica owning the fewest table keys (the least cached);
+  then a power-of-two rank as a fallback should that replica reject the request;
 - anything else (or no preference) gets power of two choices, as Serve's default router.
 
 `on_request_routed` records the request's keys against the replica that got it. Queue lengths

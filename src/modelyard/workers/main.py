@@ -2,8 +2,10 @@
 
 Loop: receive requests (waiting at most until the next batch is due), preprocess each request's
 items on arrival (a bad item fails only its request), run due batches through
-`backend.infer`, send one reply per request with its timings. Exits on StopWorker (closing the
-backend explicitly) or when the parent process is gone.
+`backend.infer`, send one reply per request with its timings. A batch whose backend call raises
+runs again in halves (bisection), so only the requests that make it fail get the error and
+their batch-mates get their outputs. Exits on StopWorker (closing the backend explicitly) or
+when the parent process is gone.
 """
 
 from __future__ import annotations
@@ -84,9 +86,9 @@ def _accept(conn: Any, backend: Any, batcher: Batcher, message: PredictRequest) 
     except ValueError as exc:
         conn.send(PredictError(request_id=message.request_id, error=str(exc), bad_input=True))
         return
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        conn.send(PredictError(request_id=message.request_id, error=error, bad_input=False))
+    except Exception as exc:  # unforeseen, but preparing one request's items: its input's fault
+        error = f"invalid input: {type(exc).__name__}: {exc}"
+        conn.send(PredictError(request_id=message.request_id, error=error, bad_input=True))
         return
     key = _OPTIONS_ENCODER.encode(message.options).decode()
     batcher.add(
@@ -95,14 +97,22 @@ def _accept(conn: Any, backend: Any, batcher: Batcher, message: PredictRequest) 
 
 
 def _run_batch(conn: Any, backend: Any, batch: Batch) -> None:
+    """One backend call; if it raises, the requests run again in halves down to the one(s)
+    that make it fail, which get the error (ValueError: bad input, 400; else a server error)."""
     start = time.monotonic()
     try:
         outputs = backend.infer(batch.items, batch.options)
     except Exception as exc:
+        if len(batch.requests) > 1:
+            half = len(batch.requests) // 2
+            _run_batch(conn, backend, Batch(batch.requests[:half]))
+            _run_batch(conn, backend, Batch(batch.requests[half:]))
+            return
         bad = isinstance(exc, ValueError)
-        for request in batch.requests:
-            error = str(exc) if bad else f"{type(exc).__name__}: {exc}"
-            conn.send(PredictError(request_id=request.request_id, error=error, bad_input=bad))
+        error = (
+            str(exc) if bad else f"this request failed in the model: {type(exc).__name__}: {exc}"
+        )
+        conn.send(PredictError(request_id=batch.requests[0].request_id, error=error, bad_input=bad))
         return
     compute_s = time.monotonic() - start
     offset = 0

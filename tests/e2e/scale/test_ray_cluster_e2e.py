@@ -1,9 +1,11 @@
 """`modelyard serve --ray` on a real two-node local Ray cluster (conftest.py): the same API
 through Serve's proxy and the ingress, two replicas of the chat model (one per node), the non-LLM
-models multiplexed, prefix affinity, metrics from every replica, and faults: an engine worker or
-a replica killed mid-load, a node leaving, then autoscaling 1 -> 2 -> 1.
+models multiplexed, prefix affinity, metrics from every replica, autoscaling 1 -> 2 -> 1 (a
+second chat deployment), and faults: an engine worker and a replica killed mid-load, a node
+leaving.
 
-The tests run in file order and share the cluster; the last ones change it (kill, node leaves).
+The tests run in file order and share one cluster and one app; the last ones change them (kills,
+node leaves).
 """
 
 from __future__ import annotations
@@ -23,18 +25,14 @@ import pytest
 from e2e_server import E2E_MODEL
 from ray_cluster import RayCluster, RayServe
 
-from conftest import (
-    AUTOSCALED,
-    engine_of,
-    replica_processes,
-    start_app,
-)
+from conftest import AUTOSCALED_MODEL, engine_of, replica_processes
 
 pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LLM = f"llm-{E2E_MODEL}"
+AUTOSCALED = f"llm-{AUTOSCALED_MODEL}"
 # ~100-token shared system prompts (whole KV blocks), one per "tenant"
 SYSTEMS = [
     " ".join(f"Rule {i}.{j}: answer {topic} questions briefly and politely." for j in range(8))
@@ -114,14 +112,16 @@ def test_metrics_from_every_replica(cluster: RayCluster, ray_serve: RayServe) ->
     """Each LLM replica exports its engine counters through its node's Ray metrics port."""
     deadline = time.monotonic() + 60
     replicas: set[str] = set()
+    series = "ray_modelyard_engine_prefix_cache_queries_total{"
     while time.monotonic() < deadline and len(replicas) < 2:
         replicas = set()
         for node in cluster.nodes:
             text = httpx.get(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=10).text
             for line in text.splitlines():
-                if line.startswith("ray_modelyard_engine_prefix_cache_queries_total{"):
+                if line.startswith(series) and f'model="{E2E_MODEL}"' in line:
                     replicas.update(re.findall(r'replica="([^"]+)"', line))
-        time.sleep(1)
+        if len(replicas) < 2:
+            time.sleep(1)
     assert len(replicas) == 2, replicas
     ingress = httpx.get(f"{ray_serve.url}/metrics", timeout=10).text
     assert "modelyard:time_to_first_token_seconds" in ingress
@@ -140,9 +140,11 @@ def test_request_id_is_carried_to_the_replica(cluster: RayCluster, ray_serve: Ra
     pytest.fail("the LLM replica's log never mentioned the request id")
 
 
-async def _load(url: str, count: int, max_tokens: int = 300) -> list[tuple[httpx.Response, float]]:
+async def _load(
+    url: str, count: int, max_tokens: int = 300, model: str = "smollm2"
+) -> list[tuple[httpx.Response, float]]:
     """`count` concurrent completions; each response with the monotonic time it ended."""
-    body = {"model": "smollm2", "max_tokens": max_tokens, "ignore_eos": True}
+    body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True}
 
     async def one(client: httpx.AsyncClient, i: int) -> tuple[httpx.Response, float]:
         response = await client.post(f"{url}/v1/completions", json={**body, "prompt": f"Tale {i}:"})
@@ -152,53 +154,72 @@ async def _load(url: str, count: int, max_tokens: int = 300) -> list[tuple[httpx
         return await asyncio.gather(*(one(client, i) for i in range(count)))
 
 
-def _busiest_engine() -> tuple[psutil.Process, psutil.Process]:
-    """(replica, engine) whose engine worker used the most CPU in the last second."""
-    pairs = [(r, engine_of(r)) for r in replica_processes(LLM)]
-    before = [sum(e.cpu_times()[:2]) for _, e in pairs]
-    time.sleep(1.0)
-    after = [sum(e.cpu_times()[:2]) for _, e in pairs]
-    return max(zip(pairs, after, before, strict=True), key=lambda x: x[1] - x[2])[0]
+def test_autoscaling_one_to_two_and_back(ray_serve: RayServe) -> None:
+    """A load step of 4 ongoing requests (target 1 per replica) scales the second chat
+    deployment to its 2 replicas; 4 s after the load stops it is back to 1."""
+    deadline = time.monotonic() + 60
+    while len(replica_processes(AUTOSCALED)) != 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(replica_processes(AUTOSCALED)) == 1  # min_replicas
+    up_deadline = time.monotonic() + 120
+    while len(replica_processes(AUTOSCALED)) < 2 and time.monotonic() < up_deadline:
+        done = asyncio.run(_load(ray_serve.url, 4, max_tokens=32, model=AUTOSCALED_MODEL))
+        assert [r.status_code for r, _ in done] == [200] * 4
+    assert len(replica_processes(AUTOSCALED)) == 2
+    down_deadline = time.monotonic() + 90
+    while len(replica_processes(AUTOSCALED)) > 1 and time.monotonic() < down_deadline:
+        time.sleep(0.5)
+    assert len(replica_processes(AUTOSCALED)) == 1
+    assert len(replica_processes(LLM)) == 2  # the fixed deployment did not move
 
 
 def _assert_fail_fast_then_recover(
-    url: str, done: list[tuple[httpx.Response, float]], killed_at: float
+    url: str, done: list[tuple[httpx.Response, float]], killed_at: float, killed: set[int]
 ) -> None:
     responses = [r for r, _ in done]
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 503}, [(r.status_code, r.text[:200]) for r in responses]
     failed = [(r, t) for r, t in done if r.status_code == 503]
-    assert failed, statuses  # the victim had requests in flight
+    assert failed, statuses  # the victims had requests in flight
     for response, ended in failed:
         assert "unavailable" in response.text or "dead" in response.text, response.text
         assert response.headers.get("retry-after")
         assert ended - killed_at < 30  # failed fast, not at a timeout
     deadline = time.monotonic() + 180
-    while len(replica_processes(LLM)) < 2 and time.monotonic() < deadline:
+    replaced: list[psutil.Process] = []
+    while time.monotonic() < deadline:
+        replaced = [r for r in replica_processes(LLM) if _live_engine(r, killed)]
+        if len(replaced) == 2:
+            break
         time.sleep(1)
-    assert len(replica_processes(LLM)) == 2  # Serve replaced the replica
+    assert len(replaced) == 2  # two replicas again, each with a new engine worker
     ok = 0
     while ok < 4 and time.monotonic() < deadline:
-        ok = ok + 1 if chat(url, SYSTEMS[1], "Still there?").status_code == 200 else 0
+        ok = ok + 1 if chat(url, SYSTEMS[1], f"Still there {ok}?").status_code == 200 else 0
     assert ok == 4
 
 
-async def _kill_mid_load(url: str, kill: str) -> None:
-    load = asyncio.create_task(_load(url, 6))
+def _live_engine(replica: psutil.Process, killed: set[int]) -> bool:
+    """Whether a replica (not a killed one) has an engine worker that is not a killed one."""
+    try:
+        return replica.pid not in killed and engine_of(replica).pid not in killed
+    except (LookupError, psutil.Error):
+        return False
+
+
+async def test_engine_worker_and_replica_killed_mid_load(ray_serve: RayServe) -> None:
+    """Under a load on both replicas, one replica's engine worker and the other replica's actor
+    die at once: their in-flight requests fail fast with a 503, Serve replaces what died."""
+    load = asyncio.create_task(_load(ray_serve.url, 6))
     await asyncio.sleep(3.0)
-    replica, engine = await asyncio.to_thread(_busiest_engine)
-    os.kill((engine if kill == "engine" else replica).pid, signal.SIGKILL)
+    first, other = replica_processes(LLM)
+    engine = await asyncio.to_thread(engine_of, first)
+    os.kill(engine.pid, signal.SIGKILL)
+    os.kill(other.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     done = await load
-    await asyncio.to_thread(_assert_fail_fast_then_recover, url, done, killed_at)
-
-
-async def test_engine_worker_killed_mid_load(ray_serve: RayServe) -> None:
-    await _kill_mid_load(ray_serve.url, "engine")
-
-
-async def test_replica_killed_mid_load(ray_serve: RayServe) -> None:
-    await _kill_mid_load(ray_serve.url, "replica")
+    killed = {engine.pid, other.pid}
+    await asyncio.to_thread(_assert_fail_fast_then_recover, ray_serve.url, done, killed_at, killed)
 
 
 def test_a_node_leaves_and_the_app_keeps_serving(cluster: RayCluster, ray_serve: RayServe) -> None:
@@ -212,30 +233,8 @@ def test_a_node_leaves_and_the_app_keeps_serving(cluster: RayCluster, ray_serve:
     while ok < 5 and time.monotonic() < deadline:
         ok = (
             ok + 1
-            if chat(ray_serve.url, SYSTEMS[2], "After the node left?").status_code == 200
+            if chat(ray_serve.url, SYSTEMS[2], f"After the node left {ok}?").status_code == 200
             else 0
         )
     assert ok == 5
     assert len(replica_processes(LLM)) == 1
-
-
-def test_autoscaling_one_to_two_and_back(cluster: RayCluster, ray_serve: RayServe) -> None:
-    ray_serve.stop()
-    cluster.add_worker()
-    serve = start_app(cluster, AUTOSCALED, with_pool=False)
-    try:
-        deadline = time.monotonic() + 60
-        while len(replica_processes(LLM)) != 1 and time.monotonic() < deadline:
-            time.sleep(1)
-        assert len(replica_processes(LLM)) == 1
-        up_deadline = time.monotonic() + 180
-        while len(replica_processes(LLM)) < 2 and time.monotonic() < up_deadline:
-            asyncio.run(_load(serve.url, 4, max_tokens=48))  # a load step: 4 ongoing > target 1
-        assert len(replica_processes(LLM)) == 2
-        down_deadline = time.monotonic() + 120
-        while len(replica_processes(LLM)) > 1 and time.monotonic() < down_deadline:
-            time.sleep(1)
-        assert len(replica_processes(LLM)) == 1
-        assert chat(serve.url, SYSTEMS[3], "Scaled back?").status_code == 200
-    finally:
-        serve.stop()

@@ -58,6 +58,7 @@ class BlockLimit:
         self.num_kv_blocks = num_blocks
         self.max_model_len = runner.max_model_len
         self.eos_token_ids = runner.eos_token_ids
+        self.vocab_size = runner.vocab_size
 
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         return self.runner.execute(scheduler_output)

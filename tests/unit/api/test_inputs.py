@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,3 +95,127 @@ def test_backend_choice_is_one_function() -> None:
     assert backend.infer([backend.preprocess("a b", {})], {}) == [[3.0, 2.0]]
     with pytest.raises(ValueError, match="unknown backend"):
         create_backend(ModelSpec(id="x", backend="nope"))
+
+
+def _binary_body(header: bytes, payload: bytes) -> tuple[bytes, str]:
+    return header + payload, str(len(header))
+
+
+@pytest.mark.parametrize(
+    ("body", "header_length", "message"),
+    [
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+            b'"parameters": [1]}',
+            None,
+            "parameters must be an object",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1], '
+            b'"parameters": "p"}]}',
+            None,
+            r"inputs\[0\].parameters must be an object",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}',
+            None,
+            "shape",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [true], "datatype": "FP32", "data": [1]}]}',
+            None,
+            "shape",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": 7, "data": [1]}]}',
+            None,
+            "datatype",
+        ),
+        (b'{"inputs": [{"name": 3, "shape": [1], "datatype": "FP32", "data": [1]}]}', None, "name"),
+        (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}', None, "no data"),
+        (b'{"inputs": {}}', None, "inputs must be a list"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+            b'"outputs": [{"name": 1}]}',
+            None,
+            r"outputs\[0\]",
+        ),
+        (b'{"id": 5, "inputs": []}', None, "id must be a string"),
+        (b"[1, 2]", None, "JSON object"),
+        (b"\xff\xfe", None, "not valid JSON"),
+        *[
+            (
+                *_binary_body(
+                    b'{"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES", '
+                    b'"parameters": {"binary_data_size": 3}}]}',
+                    b"\x05\x00\x00",
+                ),
+                "length prefix is truncated",
+            ),
+            (
+                *_binary_body(
+                    b'{"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES", '
+                    b'"parameters": {"binary_data_size": 6}}]}',
+                    b"\x09\x00\x00\x00ab",
+                ),
+                "longer than",
+            ),
+            (
+                *_binary_body(
+                    b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", '
+                    b'"parameters": {"binary_data_size": 3}}]}',
+                    b"\x00\x00\x80",
+                ),
+                "whole number",
+            ),
+            (
+                *_binary_body(
+                    b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", '
+                    b'"parameters": {"binary_data_size": -4}}]}',
+                    b"",
+                ),
+                "binary_data_size",
+            ),
+        ],
+        (b'{"inputs": []}', "9999", "Inference-Header-Content-Length"),
+        (b'{"inputs": []}', "-1", "Inference-Header-Content-Length"),
+    ],
+)
+def test_every_kserve_field_is_type_checked(
+    body: bytes, header_length: str | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_infer_body(body, header_length)
+
+
+def test_tensor_values_outside_their_datatype_are_bad_input() -> None:
+    with pytest.raises(ValueError, match="does not match"):
+        to_numpy({"shape": [1], "datatype": "INT8", "data": [1000]})
+    with pytest.raises(ValueError, match="too large"):
+        to_numpy({"shape": [2**40, 2**40], "datatype": "FP32", "data": []})
+
+
+def test_onnx_tensors_must_fit_the_models_inputs(tmp_path: Path) -> None:
+    """A tensor of the wrong datatype or rank is bad input at preprocess, before it can make
+    the session call of its whole batch fail."""
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    save(model, tmp_path / "relu.onnx")
+    backend = create_backend(
+        ModelSpec(id="t", kind=ModelKind.TENSOR, backend="onnx", source=str(tmp_path / "relu.onnx"))
+    )
+    backend.load()
+    good = {"x": {"shape": [2], "datatype": "FP32", "data": [-1.0, 2.0]}}
+    assert backend.infer([backend.preprocess(good, {})], {})[0]["y"]["data"] == [0.0, 2.0]
+    with pytest.raises(ValueError, match="must be FP32"):
+        backend.preprocess({"x": {**good["x"], "datatype": "FP64"}}, {})
+    with pytest.raises(ValueError, match="shape"):
+        backend.preprocess({"x": {"shape": [1, 2], "datatype": "FP32", "data": [1, 2]}}, {})

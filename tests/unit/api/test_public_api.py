@@ -59,7 +59,7 @@ def test_package_exports_exactly_the_public_api() -> None:
 def test_cli_has_its_subcommands() -> None:
     parser = cli.build_parser()
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(subparsers.choices) == {"serve", "bench", "models", "keys"}
+    assert set(subparsers.choices) == {"serve", "bench", "models", "keys", "agent"}
     serve = cli.build_parser("serve").parse_args(["serve", "--port", "9001"])
     assert (serve.command, serve.port, serve._module) == ("serve", 9001, "modelyard.api.cli")
 
@@ -68,7 +68,7 @@ def test_cli_help_exits_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--help"])
     assert exit_info.value.code == 0
-    assert "{serve,bench,models,keys}" in capsys.readouterr().out
+    assert "{serve,bench,models,keys,agent}" in capsys.readouterr().out
 
 
 def test_http_routes_stay() -> None:

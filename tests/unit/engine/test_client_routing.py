@@ -4,6 +4,7 @@ import time
 import pytest
 from fake_engine import FakeCore, start_fake_client
 
+from modelyard.engine import worker as worker_module
 from modelyard.engine.messages import EngineRequest, FinishReason
 from modelyard.engine.protocol import EngineDeadError
 from modelyard.engine.sampling_params import SamplingParams
@@ -109,8 +110,12 @@ async def test_worker_death_fails_every_waiting_caller_quickly() -> None:
     await client.shutdown()  # idempotent
 
 
-async def test_silent_worker_is_declared_dead_by_heartbeat_timeout() -> None:
-    core = FakeCore(step_delay_s=1.5)  # one step longer than the heartbeat timeout
+async def test_worker_stuck_in_a_step_is_declared_dead_by_heartbeat_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a step pulses for MAX_STEP_S only: one stuck past it falls silent like a hung process
+    monkeypatch.setattr(worker_module, "MAX_STEP_S", 0.3)
+    core = FakeCore(step_delay_s=1.5)  # stuck well past the cap and the heartbeat timeout
     client, _ = await start_fake_client(core, heartbeat_timeout_s=0.5)
     try:
         stream = await client.add_request(request("slow", [1], max_tokens=2))

@@ -16,7 +16,7 @@ from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, Sche
 from modelyard.engine.core import EngineCore
 from modelyard.engine.messages import EngineRequest
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput
+from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 pytestmark = pytest.mark.unit
 
@@ -28,15 +28,27 @@ def next_token(request_id: str, position: int) -> int:
     return 100 + zlib.crc32(f"{request_id}:{position}".encode()) % 5000
 
 
+class KVMismatch(BaseException):
+    """The fake found a wrong KV or batch (a BaseException: the core must not isolate it)."""
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise KVMismatch(message)
+
+
 @dataclass
 class FakeKVRunner:
     num_kv_blocks: int
     max_model_len: int = 512
     eos_token_ids: list[int] = field(default_factory=lambda: [2])
+    vocab_size: int = 10_000
     slots: list[int | None] = field(init=False)
     finished_seen: list[str] = field(default_factory=list)
     num_steps: int = 0
     fail_next: bool = False  # raise on the next execute, writing nothing
+    poison: set[int] = field(default_factory=set)  # a step holding one: garbage KV, then raise
+    always_fail: bool = False  # every step raises (a runner bug, not a request)
 
     def __post_init__(self) -> None:
         self.slots = [None] * (self.num_kv_blocks * BS)
@@ -44,29 +56,39 @@ class FakeKVRunner:
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         self.num_steps += 1
         self.finished_seen += scheduler_output.finished_request_ids
-        assert scheduler_output.num_batched_tokens == sum(
-            len(s.token_ids) for s in scheduler_output.scheduled
+        scheduled = scheduler_output.scheduled
+        check(
+            scheduler_output.num_batched_tokens == sum(len(s.token_ids) for s in scheduled),
+            "num_batched_tokens",
         )
-        if self.fail_next:
+        if self.fail_next or self.always_fail:
             self.fail_next = False
             raise RuntimeError("simulated runner failure")
-        # Like the real forward: every new K/V of the step is written before attention reads.
-        for s in scheduler_output.scheduled:
+        poisoned = any(not self.poison.isdisjoint(s.token_ids) for s in scheduled)
+        # Like the real forward: every new K/V of the step is written before attention reads
+        # (a poisoned step writes garbage for all its members, then fails).
+        for s in scheduled:
             end = s.start_position + len(s.token_ids)
             for position, token in zip(range(s.start_position, end), s.token_ids, strict=True):
-                self.slots[self._slot(s.block_table, position)] = token
+                self.slots[self._slot(s.block_table, position)] = -1 if poisoned else token
+        if poisoned:
+            raise RuntimeError("poisoned step")
+        return RunnerOutput(sampled_token_ids=self._sample(scheduled))
+
+    def _sample(self, scheduled: list[ScheduledRequest]) -> dict[str, int]:
         sampled = {}
-        for s in scheduler_output.scheduled:
+        for s in scheduled:
             tokens = [*s.prompt_token_ids, *s.output_token_ids]
             end = s.start_position + len(s.token_ids)
-            assert list(s.token_ids) == tokens[s.start_position : end]
+            check(list(s.token_ids) == tokens[s.start_position : end], "scheduled tokens")
             for position in range(end):
-                assert self.slots[self._slot(s.block_table, position)] == tokens[position], (
-                    f"{s.request_id}: KV at position {position} is not its token"
+                check(
+                    self.slots[self._slot(s.block_table, position)] == tokens[position],
+                    f"{s.request_id}: KV at position {position} is not its token",
                 )
             if s.sample:
                 sampled[s.request_id] = next_token(s.request_id, end)
-        return RunnerOutput(sampled_token_ids=sampled)
+        return sampled
 
     @staticmethod
     def _slot(block_table: object, position: int) -> int:
@@ -250,9 +272,10 @@ def test_failed_step_leaves_no_unwritten_blocks_in_the_prefix_cache() -> None:
     prompt = list(range(700, 718))
     core.add_request(make_request("a", prompt, max_tokens=4))
     runner.fail_next = True
-    with pytest.raises(RuntimeError, match="simulated"):
-        core.step()
-    core.abort_requests(["a"])  # what the worker does with the live requests
+    [failed] = core.step()  # alone in its batch: it is the one that made the step fail
+    assert (failed.request_id, failed.finish_reason) == ("a", "error")
+    assert "simulated runner failure" in str(failed.error)
+    assert not core.has_unfinished_requests()
     assert core.stats().num_free_blocks == 16
     core.add_request(make_request("b", prompt, max_tokens=4))
     outputs = [o for _ in range(4) for o in core.step()]  # the fake checks the KV it reads
@@ -260,3 +283,115 @@ def test_failed_step_leaves_no_unwritten_blocks_in_the_prefix_cache() -> None:
     assert [t for o in outputs for t in o.new_token_ids] == expected(
         [(0, make_request("b", prompt, 4))]
     )["b"]
+
+
+# ---------------------------------------------------------------- isolation of a failing step
+
+POISON = 4242
+
+
+def drive_with_failures(
+    core: EngineCore, arrivals: list[tuple[int, EngineRequest]]
+) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """Like drive(), also accepting ERROR outputs: (tokens per request, error per request)."""
+    tokens: dict[str, list[int]] = {}
+    errors: dict[str, str] = {}
+    pending = sorted(arrivals, key=lambda a: a[0])
+    step_no = 0
+    while pending or core.has_unfinished_requests():
+        while pending and pending[0][0] <= step_no:
+            request = pending.pop(0)[1]
+            tokens[request.request_id] = []
+            core.add_request(request)
+        for output in core.step():
+            assert output.request_id not in errors, "output after the final one"
+            tokens[output.request_id] += output.new_token_ids
+            if output.finish_reason == "error":
+                assert output.error is not None
+                errors[output.request_id] = output.error
+        step_no += 1
+        assert step_no < 2000, "no progress"
+    return tokens, errors
+
+
+@pytest.mark.parametrize("num_blocks", [256, 14])
+def test_a_poisoned_request_fails_alone_and_the_others_are_unchanged(num_blocks: int) -> None:
+    runner = FakeKVRunner(num_kv_blocks=num_blocks, poison={POISON})
+    core = make_core(runner)
+    arrivals = workload()
+    poisoned = make_request("poison", [*range(500, 510), 7, POISON, 8], max_tokens=5)
+    tokens, errors = drive_with_failures(core, [*arrivals, (2, poisoned)])
+    assert {k: v for k, v in tokens.items() if k != "poison"} == expected(arrivals)
+    assert tokens["poison"] == []
+    assert list(errors) == ["poison"]
+    assert errors["poison"].startswith("this request failed in the engine: RuntimeError")
+    stats = core.stats()
+    assert stats.num_failed_requests == 1
+    assert stats.num_free_blocks == num_blocks
+    assert "poison" in runner.finished_seen  # the runner was told to drop its state
+
+
+def test_a_request_reading_a_failed_requests_blocks_is_recomputed_not_failed() -> None:
+    runner = FakeKVRunner(num_kv_blocks=64, poison={POISON})
+    core = make_core(runner)
+    shared = list(range(600, 608))  # two full blocks
+    core.add_request(make_request("bad", [*shared, 9, POISON], max_tokens=3))
+    core.add_request(make_request("mate", [*shared, 11, 12, 13], max_tokens=3))
+    core.add_request(make_request("other", [20, 21, 22], max_tokens=3))
+    first = core.step()  # "mate" shares the blocks "bad" was writing in this very step
+    outcome = [(o.request_id, o.finish_reason) for o in first]
+    assert outcome == [("bad", "error"), ("other", None)]
+    assert core.stats().num_preemptions == 1  # "mate" went back to the queue
+    rest = [o for _ in range(8) for o in core.step()]
+    for request_id, prompt_len in (("mate", 11), ("other", 3)):
+        produced = [t for o in first + rest if o.request_id == request_id for t in o.new_token_ids]
+        assert produced == [next_token(request_id, prompt_len + i) for i in range(3)]
+    assert core.stats().num_failed_requests == 1
+
+
+def test_a_step_that_fails_for_every_request_fails_them_all() -> None:
+    runner = FakeKVRunner(num_kv_blocks=64, always_fail=True)
+    core = make_core(runner)
+    for i in range(5):
+        core.add_request(make_request(f"r{i}", [30 + i, 40 + i], max_tokens=3))
+    outputs = core.step()
+    assert sorted(o.request_id for o in outputs) == [f"r{i}" for i in range(5)]
+    assert {o.finish_reason for o in outputs} == {"error"}
+    assert not core.has_unfinished_requests()
+    assert core.stats().num_free_blocks == 64
+    assert runner.num_steps < 2 * 5 + 1  # bisection, not one run per subset
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused_before_it_runs() -> None:
+    core = make_core(FakeKVRunner(num_kv_blocks=8, vocab_size=100))
+    for bad in ([5, 100], [-1, 5]):
+        with pytest.raises(ValueError, match="outside"):
+            core.add_request(make_request("r", bad, max_tokens=1))
+    assert not core.has_unfinished_requests()
+
+
+def test_the_fault_drill_fails_the_step_holding_the_poison_token() -> None:
+    from modelyard.engine.fault_drill import PoisonError, with_poison
+
+    runner = FakeKVRunner(num_kv_blocks=64)
+    assert with_poison(runner, ()) is runner
+    core = make_core(with_poison(runner, [POISON]))  # type: ignore[arg-type]
+    core.add_request(make_request("clean", [30, 31, 32], max_tokens=2))
+    core.add_request(make_request("bad", [30, POISON], max_tokens=2))
+    outputs = [o for _ in range(3) for o in core.step()]
+    errors = {o.request_id: o.error for o in outputs if o.finish_reason == "error"}
+    assert list(errors) == ["bad"]
+    assert PoisonError.__name__ in str(errors["bad"])
+    assert [t for o in outputs if o.request_id == "clean" for t in o.new_token_ids] == [
+        next_token("clean", 3),
+        next_token("clean", 4),
+    ]
+
+
+def test_the_fault_drill_keeps_the_rest_of_the_runner() -> None:
+    from modelyard.engine.fault_drill import with_poison
+
+    runner = FakeKVRunner(num_kv_blocks=8)
+    poisoned = with_poison(runner, [POISON])
+    assert poisoned is not runner
+    assert poisoned.slots is runner.slots  # type: ignore[attr-defined]  # e.g. check_lora

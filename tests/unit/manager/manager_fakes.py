@@ -20,6 +20,7 @@ class FakeModel:
         self.metadata: dict[str, Any] = {}
         self.alive = True
         self.stopped = False
+        self.holds_pins = False  # an LLM engine holding pinned prefixes
 
     @property
     def is_alive(self) -> bool:

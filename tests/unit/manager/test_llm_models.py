@@ -82,9 +82,11 @@ def test_engine_options_come_from_the_catalog() -> None:
             "kv_cache_bytes": 64 * MB,
             "max_num_seqs": 8,
             "max_num_batched_tokens": 256,
+            "poison_token_ids": [7],
         }
     )
     config = engine_config_for(spec)
+    assert config.model.poison_token_ids == (7,)  # the fault drill of the isolation tests
     assert config.model.model == "x.gguf"
     assert config.model.dtype == "bfloat16"
     assert config.model.max_model_len == 512

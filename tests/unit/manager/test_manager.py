@@ -73,6 +73,21 @@ async def test_pinned_model_is_never_evicted(loader: FakeLoader) -> None:
     await manager.close()
 
 
+async def test_model_holding_pinned_prefixes_is_not_evicted_until_unpinned(
+    loader: FakeLoader,
+) -> None:
+    manager = manager_for(loader, "llm", "b", "c")  # room for two at a time
+    await use(manager, "llm")
+    loader.models["llm"].holds_pins = True
+    for name in ("b", "c", "b"):
+        await use(manager, name)
+    assert "llm" in loaded_ids(manager)  # b and c took turns beside it
+    loader.models["llm"].holds_pins = False
+    await use(manager, "c")
+    assert "llm" not in loaded_ids(manager)
+    await manager.close()
+
+
 async def test_single_flight_twenty_concurrent_cold_leases_one_load() -> None:
     loader = FakeLoader(delay=0.05)
     manager = manager_for(loader, "a")

@@ -31,7 +31,49 @@ def test_shared_prefix_goes_to_the_replica_that_served_it() -> None:
     table.record(keys([*system, 1, 2, 3, 4]), "r2")
     assert table.choose(keys([*system, 7, 8, 9, 10, 11]), {"r1": 0, "r2": 1}) == "r2"
     other = list(range(500, 540))
-    assert table.choose(keys(other), {"r1": 0, "r2": 0}) is None
+    assert table.choose(keys(other), {"r1": 0, "r2": 0}) == "r1"  # new prefix: least cached
+
+
+def test_new_prefixes_spread_over_the_least_cached_replicas() -> None:
+    table = PrefixAffinity(max_queue_gap=2)
+    replicas = {"r1": 0, "r2": 0, "r3": 0}
+    systems = [[100 * i + j for j in range(16)] for i in range(6)]  # 4 blocks each
+    owners = []
+    for system in systems:
+        chosen = table.choose(keys(system), replicas) or min(
+            replicas, key=lambda r: (table.owned(r), r)
+        )  # a tie: the caller's power of two picks any of them
+        table.record(keys(system), chosen)
+        owners.append(chosen)
+    assert sorted(owners) == ["r1", "r1", "r2", "r2", "r3", "r3"]  # two prefixes each
+    assert [table.owned(r) for r in replicas] == [8, 8, 8]
+
+
+def test_new_prefix_rule_respects_load_and_needs_a_full_block() -> None:
+    table = PrefixAffinity(max_queue_gap=2)
+    table.record(keys(list(range(16))), "cached")
+    fresh = list(range(900, 916))
+    assert table.choose(keys(fresh), {"cached": 0, "empty": 2}) == "empty"
+    assert table.choose(keys(fresh), {"cached": 0, "empty": 3}) is None  # too busy: fall back
+    assert table.choose(keys([7, 8, 9]), {"cached": 0, "empty": 0}) is None  # no full block
+    table.record(keys(fresh), "empty")
+    third = list(range(700, 716))
+    assert table.choose(keys(third), {"cached": 0, "empty": 0}) is None  # equal shares: tie
+
+
+def test_owned_counts_follow_overwrites_eviction_and_forgetting() -> None:
+    table = PrefixAffinity(capacity=6)
+    prompt = list(range(16))  # 4 keys
+    table.record(keys(prompt), "r1")
+    table.record(keys(prompt[:8]), "r2")  # the first 2 keys move to r2
+    assert (table.owned("r1"), table.owned("r2")) == (2, 2)
+    table.record(keys(list(range(50, 66))), "r3")  # 4 more keys: r1's 2 (the oldest) go
+    assert len(table) == 6
+    assert (table.owned("r1"), table.owned("r2")) == (0, 2)
+    assert table.owned("r3") == 4
+    table.forget_replica("r3")
+    assert table.owned("r3") == 0
+    assert len(table) == 2
 
 
 def test_longest_prefix_wins() -> None:

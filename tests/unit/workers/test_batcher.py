@@ -3,7 +3,9 @@ from __future__ import annotations
 import pytest
 
 from modelyard.model_spec import BatchingConfig
-from modelyard.workers.batcher import Batcher, PendingRequest
+from modelyard.workers.batcher import Batch, Batcher, PendingRequest
+from modelyard.workers.main import _run_batch
+from modelyard.workers.messages import PredictError, PredictResult
 
 pytestmark = pytest.mark.unit
 
@@ -72,3 +74,45 @@ def test_requests_with_different_options_never_share_a_batch() -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         BatchingConfig(max_batch_size=0, max_queue_delay_ms=0.0)
+
+
+class _Sent:
+    """Collects what the worker sends (the connection's send side)."""
+
+    def __init__(self) -> None:
+        self.messages: list[PredictResult | PredictError] = []
+
+    def send(self, message: PredictResult | PredictError) -> None:
+        self.messages.append(message)
+
+
+class _DoublingBackend:
+    """Outputs 2x each item; a batch holding a negative item raises (`error` decides how)."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+        self.calls: list[list[int]] = []
+
+    def infer(self, items: list[int], options: dict[str, object]) -> list[int]:
+        self.calls.append(list(items))
+        if any(item < 0 for item in items):
+            raise self.error("negative item")
+        return [2 * item for item in items]
+
+
+@pytest.mark.parametrize(("error", "bad_input"), [(RuntimeError, False), (ValueError, True)])
+def test_a_failing_item_fails_only_its_request(error: type[Exception], bad_input: bool) -> None:
+    conn, backend = _Sent(), _DoublingBackend(error)
+    requests = [PendingRequest(i, [i, 100 + i], {}, "{}", 0.0) for i in range(16)]
+    requests[11] = PendingRequest(11, [5, -1], {}, "{}", 0.0)  # passes preprocess, fails infer
+    _run_batch(conn, backend, Batch(requests))
+    replies = {m.request_id: m for m in conn.messages}
+    assert sorted(replies) == list(range(16))
+    failed = replies.pop(11)
+    assert isinstance(failed, PredictError)
+    assert failed.bad_input is bad_input
+    assert "negative item" in failed.error
+    for request_id, reply in replies.items():
+        assert isinstance(reply, PredictResult)
+        assert reply.outputs == [2 * request_id, 2 * (100 + request_id)]
+    assert len(backend.calls) <= 2 * 4 + 1  # bisection: about log2(16) rounds of two calls

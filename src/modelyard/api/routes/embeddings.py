@@ -44,7 +44,10 @@ class EmbeddingRequest(BaseModel):
 @router.post("/v1/embeddings")
 @runs_model
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
-    texts = as_list(body.input)
+    try:
+        texts = as_list(body.input)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="input") from exc
     if not all(isinstance(text, str) for text in texts):
         raise APIError(400, "input must be a string or a list of strings", param="input")
     demand = Demand.inference(
@@ -55,7 +58,10 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
     )
 
     async def run(lease: PredictorLease) -> Any:
-        return await lease.predictor.predict(texts, {"usage": True})
+        try:
+            return await lease.predictor.predict(texts, {"usage": True})
+        except ValueError as exc:  # a text the model refuses
+            raise APIError(400, str(exc), param="input") from exc
 
     path: RequestPath = request.app.state.request_path
     outputs, lease = await path.predict(request, body.model, demand, run)

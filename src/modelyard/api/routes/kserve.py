@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 import modelyard
-from modelyard.api.errors import APIError
+from modelyard.api.errors import APIError, parsing_request
 from modelyard.api.kserve_format import (
     default_metadata,
     items_from_request,
@@ -121,17 +121,18 @@ async def model_ready(name: str, request: Request, version: str | None = None) -
 @router.post("/v2/models/{name}/versions/{version}/infer")
 @runs_model
 async def infer(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    body = parse_infer_body(
-        await request.body(), request.headers.get("inference-header-content-length")
-    )
-    parameters = body.get("parameters") or {}
-    options = {k: v for k, v in parameters.items() if k in ("top_k", "labels")}
-    wanted = [str(o.get("name")) for o in body.get("outputs") or [] if isinstance(o, dict)]
+    raw = await request.body()
+    with parsing_request():
+        body = parse_infer_body(raw, request.headers.get("inference-header-content-length"))
+        parameters = body.get("parameters") or {}
+        options = {k: v for k, v in parameters.items() if k in ("top_k", "labels")}
+        wanted = [output["name"] for output in body.get("outputs", [])]
     demand = Demand.inference(items=_batch_size(body), input_bytes=declared_bytes(request))
 
     async def run(lease: PredictorLease) -> Any:
         _check_version(_provider(request).spec(lease.model_id), version)
-        items = items_from_request(lease.kind, body)
+        with parsing_request():
+            items = items_from_request(lease.kind, body)
         return await lease.predictor.predict(items, options)
 
     outputs, lease = await _path(request).predict(request, name, demand, run)

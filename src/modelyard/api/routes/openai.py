@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response
 
-from modelyard.api.errors import APIError, api_error_from_exception
+from modelyard.api.errors import api_error_from_exception, request_failed
 from modelyard.api.generation import (
     Generation,
     Prompt,
@@ -169,7 +169,7 @@ async def collect_choices(gen: Generation, fmt: OpenAIFormat) -> dict[int, Choic
     async for stream_index, output in gen.all_outputs():
         for delta in output.deltas:
             if delta.finish_reason == FinishReason.ERROR:
-                raise APIError(500, f"generation failed: {delta.error or 'engine error'}")
+                raise request_failed(delta.error or "engine error")
             choice = choices.setdefault(fmt.choice_index(stream_index, delta), ChoiceText())
             choice.text.append(delta.text)
             if delta.logprobs:
@@ -189,7 +189,7 @@ async def stream_events(
         async for stream_index, output in gen.all_outputs():
             for delta in output.deltas:
                 if delta.finish_reason == FinishReason.ERROR:
-                    raise APIError(500, f"generation failed: {delta.error or 'engine error'}")
+                    raise request_failed(delta.error or "engine error")
                 chunk = fmt.delta_chunk(stream_index, delta)
                 if chunk is not None:
                     yield sse_event(chunk)

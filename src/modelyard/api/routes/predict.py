@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 
+from modelyard.api.errors import APIError, parsing_request
 from modelyard.api.inputs import items_for_kind
 from modelyard.api.listing import models_listing
 from modelyard.backends.image import MAX_IMAGE_BYTES
@@ -81,21 +82,30 @@ async def _read_form(request: Request) -> tuple[str, Any, dict[str, Any]]:
 @router.post("/predict")
 @runs_model
 async def predict(request: Request) -> dict[str, Any]:
-    model_id, input_data, options = await _read_body(request)
+    with parsing_request():
+        model_id, input_data, options = await _read_body(request)
     uploads = isinstance(input_data, list) and all(isinstance(i, bytes) for i in input_data)
     count = len(input_data) if isinstance(input_data, list) else 1
     demand = Demand.inference(items=count, input_bytes=declared_bytes(request))
 
     async def run(lease: PredictorLease) -> Any:
-        items = input_data if uploads else items_for_kind(lease.kind, input_data)
-        if lease.kind == ModelKind.TENSOR:
-            inputs = lease.metadata.get("inputs", [])
-            items = [named_tensors(item, inputs) for item in items]
-        return await lease.predictor.predict(items, options)
+        try:
+            items = input_data if uploads else items_for_kind(lease.kind, input_data)
+            if lease.kind == ModelKind.TENSOR:
+                inputs = lease.metadata.get("inputs", [])
+                items = [named_tensors(item, inputs) for item in items]
+            return await lease.predictor.predict(items, options)
+        except ValueError as exc:  # the inputs or the options were wrong for this model
+            raise APIError(400, str(exc), param=_bad_field(str(exc), options)) from exc
 
     path: RequestPath = request.app.state.request_path
     outputs, lease = await path.predict(request, model_id, demand, run)
     return {"model_id": lease.model_id, "kind": str(lease.kind), "predictions": outputs}
+
+
+def _bad_field(message: str, options: dict[str, Any]) -> str:
+    """`options` when the message names one of them ("top_k must be ..."), else the input."""
+    return "options" if message.split(" ", 1)[0] in options else "input_data"
 
 
 @router.get("/models")

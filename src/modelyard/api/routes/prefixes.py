@@ -237,4 +237,6 @@ def _check_vocab(llm: LLMClient, token_ids: Sequence[int]) -> None:
     size = len(cast(Any, llm.tokenizer))
     bad = [t for t in token_ids if not 0 <= t < size]
     if bad:
-        raise APIError(400, f"token ids out of the vocabulary (0..{size - 1}): {bad[:5]}")
+        raise APIError(
+            400, f"token ids out of the vocabulary (0..{size - 1}): {bad[:5]}", param="token_ids"
+        )

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response
 
-from modelyard.api.errors import APIError, api_error_from_exception
+from modelyard.api.errors import api_error_from_exception, request_failed
 from modelyard.api.generation import Generation, Prompt, cancel_on_disconnect, open_generation
 from modelyard.api.openai_format import finish_reason_of, usage_body
 from modelyard.api.protocol import (
@@ -148,4 +148,4 @@ async def _token_events(gen: Generation) -> AsyncIterator[bytes]:
 
 def _raise_on_error(reason: FinishReason | None, error: str | None) -> None:
     if reason == FinishReason.ERROR:
-        raise APIError(500, f"generation failed: {error or 'engine error'}")
+        raise request_failed(error or "engine error")

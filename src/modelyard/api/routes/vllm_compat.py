@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from fastapi import APIRouter, Request
 
 from modelyard.api.errors import APIError
+from modelyard.api.limits import check_generation_limits
 from modelyard.api.protocol import GenerateRequest
 from modelyard.api.routes.textbook import textbook_params
 from modelyard.config import TextbookConfig
@@ -74,5 +75,7 @@ async def generate_vllm(body: GenerateRequest, request: Request) -> dict[str, li
     backend: VLLMBackend | None = request.app.state.vllm
     if backend is None:
         raise APIError(503, HOW_TO_ENABLE, code="vllm_not_enabled")
-    params = textbook_params(body, request.app.state.config.server.textbook)
+    server = request.app.state.config.server
+    params = textbook_params(body, server.textbook)
+    check_generation_limits(len(body.prompts), params, 0, server)  # max_tokens is always set
     return {"generated_texts": await backend.generate(list(body.prompts), params)}

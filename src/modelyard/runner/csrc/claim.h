@@ -1,8 +1,7 @@
 // Work split across threads by claiming, not by static halves.
 //
 // On a shared host one core can run much slower than the other for seconds at a time (another
-// tenant on its SMT sibling: this project's 2-vCPU host measured 63 against 91 GFLOP/s of FMA
-// throughput on its two cores at once). A static split makes every parallel call wait for the
+// tenant on its SMT sibling; docs/benchmarks.md has a measured case). A static split makes every parallel call wait for the
 // slow core's half; here each thread takes the next unit from a shared counter until none is
 // left, so the fast core simply does more units.
 //

@@ -9,8 +9,7 @@
 //   rope_store     rotate-half RoPE on the q and k heads of the fused qkv rows in place, then
 //                  write the step's k and v rows into their paged-cache slots
 //   argmax_rows    torch.argmax(x, -1) for greedy sampling (the first maximum; a NaN counts as
-//                  the maximum, as in torch): a vector max, then a scan for its first index.
-//                  torch's own argmax over (32, 49152) logits takes ~2 ms here, this ~0.1 ms
+//                  the maximum, as in torch): a vector max, then a scan for its first index
 //   silu_mul       bfloat16 SwiGLU activation: silu(gate) * up for (T, 2I) rows [gate | up]
 //                  (float32 applies it inside the GEMM: csrc/gemm.cpp)
 // Each also takes bfloat16, rounding where the torch ops of HF's Llama do (float32 inside one op,
@@ -22,7 +21,6 @@
 // kernels.torch_sum_width() found it reproduced bit for bit, torch_sum_squares below.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,7 +30,10 @@
 #include <vector>
 
 #include "claim.h"
+#include "ops.h"
 #include "vec.h"
+
+using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -152,35 +153,6 @@ float torch_sum_squares(const bf16* x, int64_t h, float* sq) {
   return total;
 }
 
-// the mean of squares of each bf16 row: torch's reduction (sum_width 0) or its order reproduced
-at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
-              "mean_squares: contiguous bfloat16 (T, H) only");
-  TORCH_CHECK(sum_width == 0 || sum_width == 8 || sum_width == 16,
-              "mean_squares: sum_width is 0, 8 or 16");
-  const int64_t t = x.size(0), h = x.size(1);
-  // one long row on several threads: torch splits its sum across them (another order)
-  const bool split = t == 1 && h >= at::internal::GRAIN_SIZE && at::get_num_threads() > 1;
-  if (sum_width == 0 || split) return x.to(at::kFloat).pow(2).mean(-1);
-  auto out = at::empty({t}, x.options().dtype(at::kFloat));
-  const bf16* xp = x.data_ptr<bf16>();
-  float* op = out.data_ptr<float>();
-  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> squares;
-    squares.resize(static_cast<size_t>(h));
-    for (int64_t r = begin; r < end; ++r) {
-      const bf16* row = xp + r * h;
-      float* sq = squares.data();
-      // rows shorter than one vector: ATen's scalar cascade (the same order on 1-wide vectors)
-      const float sum = h < sum_width          ? torch_sum_squares<1>(row, h, sq)
-                        : sum_width == 16      ? torch_sum_squares<16>(row, h, sq)
-                                               : torch_sum_squares<8>(row, h, sq);
-      op[r] = sum / static_cast<float>(h);  // torch's mean: the sum, then a true division
-    }
-  });
-  return out;
-}
-
 // bfloat16 RMSNorm with torch's bits, as HF computes it: w * (x.float() * rsqrt(mean(x.float()^2)
 // + eps)).to(bf16). The mean of squares comes from torch's own reduction (the result hangs on its
 // float32 summation order); the rest is one pass: x * r rounded to bf16, then times w, rounded.
@@ -201,64 +173,6 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
         const float normed = bf(static_cast<float>(xp[r * h + i]) * inv);
         yp[r * h + i] = static_cast<bf16>(static_cast<float>(wp[i]) * normed);
       }
-    }
-  });
-  return y;
-}
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
-                    int64_t sum_width) {
-  if (x.scalar_type() == at::kBFloat16) {
-    check_rows(x, {weight}, "rms_norm");
-    TORCH_CHECK(weight.numel() == x.size(1), "rms_norm: weight must be (H,)");
-    return rms_norm_bf16(x, weight, eps, sum_width);
-  }
-  check_float_rows(x, "rms_norm");
-  const int64_t t = x.size(0), h = x.size(1);
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == h, "rms_norm: weight must be (H,)");
-  auto y = at::empty_like(x);
-  const float* xp = x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) norm_row(xp + r * h, wp, yp + r * h, h, eps);
-  });
-  return y;
-}
-
-at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
-                        double eps, int64_t sum_width) {
-  if (x.scalar_type() == at::kBFloat16) {  // x += delta (torch's bf16 add), then the norm
-    check_rows(x, {delta, weight}, "add_rms_norm");
-    TORCH_CHECK(delta.sizes() == x.sizes() && weight.numel() == x.size(1),
-                "add_rms_norm: bad shapes");
-    bf16* xp = x.data_ptr<bf16>();
-    const bf16* dp = delta.data_ptr<bf16>();
-    const int64_t n = x.numel();
-    const auto add = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        xp[i] = static_cast<bf16>(static_cast<float>(xp[i]) + static_cast<float>(dp[i]));
-      }
-    };
-    modelyard::parallel_chunks(n, kElementsPerTask, kElementsPerChunk, add);
-    return rms_norm_bf16(x, weight, eps, sum_width);
-  }
-  check_float_rows(x, "add_rms_norm");
-  check_float_rows(delta, "add_rms_norm");
-  TORCH_CHECK(delta.sizes() == x.sizes(), "add_rms_norm: x and delta differ in shape");
-  const int64_t t = x.size(0), h = x.size(1);
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == h, "add_rms_norm: weight must be (H,)");
-  auto y = at::empty_like(x);
-  float* xp = x.data_ptr<float>();
-  const float* dp = delta.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      float* row = xp + r * h;
-#pragma omp simd
-      for (int64_t i = 0; i < h; ++i) row[i] += dp[r * h + i];
-      norm_row(row, wp, yp + r * h, h, eps);
     }
   });
   return y;
@@ -321,33 +235,6 @@ void rope_store_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& s
   });
 }
 
-// qkv (T, (nh + 2 nkv) hd); cos / signed_sin (P, hd) tables (signed_sin: sin with its first half
-// negated); positions (T,) and slots (T,) int64; caches (nkv, NB, bs, hd); all float tensors of
-// one dtype (float32 or bfloat16).
-void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
-                const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache,
-                const at::Tensor& slots, int64_t num_heads) {
-  check_rows(qkv, {cos, signed_sin, k_cache, v_cache}, "rope_store");
-  TORCH_CHECK(positions.is_contiguous() && slots.is_contiguous(),
-              "rope_store: contiguous positions and slots");
-  const int64_t t = qkv.size(0), nkv = k_cache.size(0), hd = k_cache.size(3);
-  const int64_t cache_slots = k_cache.size(1) * k_cache.size(2), table_len = cos.size(0);
-  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * nkv) * hd && cos.size(1) == hd && hd % 2 == 0,
-              "rope_store: bad shapes");
-  TORCH_CHECK(positions.numel() == t && slots.numel() == t, "rope_store: one position per row");
-  const int64_t* pos = positions.data_ptr<int64_t>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t r = 0; r < t; ++r) {
-    TORCH_CHECK(pos[r] >= 0 && pos[r] < table_len, "rope_store: position out of range");
-    TORCH_CHECK(slot[r] >= 0 && slot[r] < cache_slots, "rope_store: slot out of range");
-  }
-  if (qkv.scalar_type() == at::kFloat) {
-    rope_store_rows<float>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
-  } else {
-    rope_store_rows<bf16>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
-  }
-}
-
 // x (T, 2I) bfloat16 rows [gate | up] -> (T, I): silu(gate) rounded to bf16, times up, rounded
 // (HF: act_fn(gate_proj(x)) * up_proj(x), two bf16 ops); silu(g) = g / (1 + exp(-g))
 #if defined(__AVX512F__)
@@ -357,37 +244,6 @@ inline void silu_mul16(const bf16* gate, const bf16* up, bf16* y) {
       y, modelyard::silu_times(modelyard::load_bf16x16(gate), modelyard::load_bf16x16(up)));
 }
 #endif
-
-at::Tensor silu_mul(const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous() &&
-                  x.size(1) % 2 == 0,
-              "silu_mul: contiguous bfloat16 (T, 2I) only");
-  const int64_t t = x.size(0), width = x.size(1) / 2;
-  auto out = at::empty({t, width}, x.options());
-  const bf16* xp = x.data_ptr<bf16>();
-  bf16* op = out.data_ptr<bf16>();
-  const auto rows = [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const bf16* gate = xp + r * 2 * width;
-      const bf16* up = gate + width;
-      bf16* y = op + r * width;
-      int64_t i = 0;
-#if defined(__AVX512F__)
-      for (; i + 16 <= width; i += 16) silu_mul16(gate + i, up + i, y + i);
-#endif
-      for (; i + 8 <= width; i += 8) {
-        const v8 g = modelyard::load_bf16(gate + i), u = modelyard::load_bf16(up + i);
-        modelyard::store_bf16(y + i, modelyard::silu_times(g, u));
-      }
-      for (; i < width; ++i) {
-        const float g = gate[i];
-        y[i] = static_cast<bf16>(bf(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
-      }
-    }
-  };
-  modelyard::parallel_chunks(t, row_grain(2 * width), kRowsPerChunk, rows);
-  return out;
-}
 
 inline v8 load8(const float* x) { return *reinterpret_cast<const v8*>(x); }
 inline v8 load8(const bf16* x) { return modelyard::load_bf16(x); }
@@ -423,6 +279,128 @@ int64_t argmax_row(const T* x, int64_t n) {
   return 0;  // not reached: some element equals the maximum
 }
 
+}  // namespace
+
+namespace modelyard::ops {
+
+// the mean of squares of each bf16 row: torch's reduction (sum_width 0) or its order reproduced
+at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
+              "mean_squares: contiguous bfloat16 (T, H) only");
+  TORCH_CHECK(sum_width == 0 || sum_width == 8 || sum_width == 16,
+              "mean_squares: sum_width is 0, 8 or 16");
+  const int64_t t = x.size(0), h = x.size(1);
+  // one long row on several threads: torch splits its sum across them (another order)
+  const bool split = t == 1 && h >= at::internal::GRAIN_SIZE && at::get_num_threads() > 1;
+  if (sum_width == 0 || split) return x.to(at::kFloat).pow(2).mean(-1);
+  auto out = at::empty({t}, x.options().dtype(at::kFloat));
+  const bf16* xp = x.data_ptr<bf16>();
+  float* op = out.data_ptr<float>();
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> squares;
+    squares.resize(static_cast<size_t>(h));
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* row = xp + r * h;
+      float* sq = squares.data();
+      // rows shorter than one vector: ATen's scalar cascade (the same order on 1-wide vectors)
+      const float sum = h < sum_width          ? torch_sum_squares<1>(row, h, sq)
+                        : sum_width == 16      ? torch_sum_squares<16>(row, h, sq)
+                                               : torch_sum_squares<8>(row, h, sq);
+      op[r] = sum / static_cast<float>(h);  // torch's mean: the sum, then a true division
+    }
+  });
+  return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous() &&
+                  x.size(1) % 2 == 0,
+              "silu_mul: contiguous bfloat16 (T, 2I) only");
+  const int64_t t = x.size(0), width = x.size(1) / 2;
+  auto out = at::empty({t, width}, x.options());
+  const bf16* xp = x.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  const auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* gate = xp + r * 2 * width;
+      const bf16* up = gate + width;
+      bf16* y = op + r * width;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= width; i += 16) silu_mul16(gate + i, up + i, y + i);
+#endif
+      for (; i + 8 <= width; i += 8) {
+        const v8 g = modelyard::load_bf16(gate + i), u = modelyard::load_bf16(up + i);
+        modelyard::store_bf16(y + i, modelyard::silu_times(g, u));
+      }
+      for (; i < width; ++i) {
+        const float g = gate[i];
+        y[i] = static_cast<bf16>(bf(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
+      }
+    }
+  };
+  modelyard::parallel_chunks(t, row_grain(2 * width), kRowsPerChunk, rows);
+  return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                    int64_t sum_width) {
+  if (x.scalar_type() == at::kBFloat16) {
+    check_rows(x, {weight}, "rms_norm");
+    TORCH_CHECK(weight.numel() == x.size(1), "rms_norm: weight must be (H,)");
+    return rms_norm_bf16(x, weight, eps, sum_width);
+  }
+  check_float_rows(x, "rms_norm");
+  const int64_t t = x.size(0), h = x.size(1);
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == h, "rms_norm: weight must be (H,)");
+  auto y = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) norm_row(xp + r * h, wp, yp + r * h, h, eps);
+  });
+  return y;
+}
+
+at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                        double eps, int64_t sum_width) {
+  if (x.scalar_type() == at::kBFloat16) {  // x += delta (torch's bf16 add), then the norm
+    check_rows(x, {delta, weight}, "add_rms_norm");
+    TORCH_CHECK(delta.sizes() == x.sizes() && weight.numel() == x.size(1),
+                "add_rms_norm: bad shapes");
+    bf16* xp = x.data_ptr<bf16>();
+    const bf16* dp = delta.data_ptr<bf16>();
+    const int64_t n = x.numel();
+    const auto add = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        xp[i] = static_cast<bf16>(static_cast<float>(xp[i]) + static_cast<float>(dp[i]));
+      }
+    };
+    modelyard::parallel_chunks(n, kElementsPerTask, kElementsPerChunk, add);
+    return rms_norm_bf16(x, weight, eps, sum_width);
+  }
+  check_float_rows(x, "add_rms_norm");
+  check_float_rows(delta, "add_rms_norm");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "add_rms_norm: x and delta differ in shape");
+  const int64_t t = x.size(0), h = x.size(1);
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == h, "add_rms_norm: weight must be (H,)");
+  auto y = at::empty_like(x);
+  float* xp = x.data_ptr<float>();
+  const float* dp = delta.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = xp + r * h;
+#pragma omp simd
+      for (int64_t i = 0; i < h; ++i) row[i] += dp[r * h + i];
+      norm_row(row, wp, yp + r * h, h, eps);
+    }
+  });
+  return y;
+}
+
 at::Tensor argmax_rows(const at::Tensor& x) {
   check_rows(x, {}, "argmax_rows");
   const int64_t rows = x.size(0), n = x.size(1);
@@ -442,23 +420,31 @@ at::Tensor argmax_rows(const at::Tensor& x) {
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps, int sum_width) -> Tensor");
-  m.def(
-      "add_rms_norm(Tensor(a!) x, Tensor delta, Tensor weight, float eps, int sum_width) -> "
-      "Tensor");
-  m.def("mean_squares(Tensor x, int sum_width) -> Tensor");
-  m.impl("mean_squares", c10::DispatchKey::CPU, &mean_squares);
-  m.def("argmax_rows(Tensor x) -> Tensor");
-  m.def("silu_mul(Tensor x) -> Tensor");
-  m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
-  m.def(
-      "rope_store(Tensor(a!) qkv, Tensor cos, Tensor signed_sin, Tensor positions, "
-      "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");
-  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
-  m.impl("add_rms_norm", c10::DispatchKey::CPU, &add_rms_norm);
-  m.impl("argmax_rows", c10::DispatchKey::CPU, &argmax_rows);
-  m.impl("rope_store", c10::DispatchKey::CPU, &rope_store);
+// qkv (T, (nh + 2 nkv) hd); cos / signed_sin (P, hd) tables (signed_sin: sin with its first half
+// negated); positions (T,) and slots (T,) int64; caches (nkv, NB, bs, hd); all float tensors of
+// one dtype (float32 or bfloat16).
+void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
+                const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache,
+                const at::Tensor& slots, int64_t num_heads) {
+  check_rows(qkv, {cos, signed_sin, k_cache, v_cache}, "rope_store");
+  TORCH_CHECK(positions.is_contiguous() && slots.is_contiguous(),
+              "rope_store: contiguous positions and slots");
+  const int64_t t = qkv.size(0), nkv = k_cache.size(0), hd = k_cache.size(3);
+  const int64_t cache_slots = k_cache.size(1) * k_cache.size(2), table_len = cos.size(0);
+  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * nkv) * hd && cos.size(1) == hd && hd % 2 == 0,
+              "rope_store: bad shapes");
+  TORCH_CHECK(positions.numel() == t && slots.numel() == t, "rope_store: one position per row");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < t; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < table_len, "rope_store: position out of range");
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < cache_slots, "rope_store: slot out of range");
+  }
+  if (qkv.scalar_type() == at::kFloat) {
+    rope_store_rows<float>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
+  } else {
+    rope_store_rows<bf16>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
+  }
 }
+
+}  // namespace modelyard::ops

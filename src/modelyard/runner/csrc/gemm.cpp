@@ -13,12 +13,14 @@
 // each tile pair while it is in L1, so the (M, 2I) projection is never written to memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 
 #include "claim.h"
+#include "ops.h"
 #include "vec.h"
+
+using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
 namespace {
 
@@ -133,30 +135,6 @@ void row_blocks(const float* x, int64_t rows, int64_t ldx, const float* panel, i
   }
 }
 
-// w (N, K) float32 -> packed (ceil(N / 16), K, 16)
-at::Tensor pack_weight(const at::Tensor& w) {
-  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2, "pack_weight: float32 (N, K) only");
-  const int64_t n = w.size(0), k = w.size(1), panels = (n + kNR - 1) / kNR;
-  auto padded = at::zeros({panels * kNR, k}, w.options());
-  padded.narrow(0, 0, n).copy_(w);
-  return padded.view({panels, kNR, k}).transpose(1, 2).contiguous();
-}
-
-// SwiGLU's gate and up weights (I, K) each -> one packed weight whose panels alternate: gate
-// rows 0..15, up rows 0..15, gate rows 16..31, ... (zero rows pad the last pair)
-at::Tensor pack_swiglu(const at::Tensor& gate, const at::Tensor& up) {
-  TORCH_CHECK(gate.scalar_type() == at::kFloat && gate.dim() == 2 && gate.sizes() == up.sizes() &&
-                  up.scalar_type() == at::kFloat,
-              "pack_swiglu: two float32 (I, K) weights of one shape");
-  const int64_t n = gate.size(0), k = gate.size(1), blocks = (n + kNR - 1) / kNR;
-  auto pad = [&](const at::Tensor& w) {
-    auto padded = at::zeros({blocks * kNR, k}, w.options());
-    padded.narrow(0, 0, n).copy_(w);
-    return padded.view({blocks, kNR, k});
-  };
-  return pack_weight(at::stack({pad(gate), pad(up)}, 1).view({2 * blocks * kNR, k}));
-}
-
 // out[r][0..ncols) = silu(gate[r]) * up[r] for the rows of two (rows, 16) tiles (ldy: out's
 // row stride)
 void swiglu_tile(const float* gate, const float* up, int64_t rows, float* out, int64_t ldy,
@@ -238,6 +216,19 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
   return y;
 }
 
+}  // namespace
+
+namespace modelyard::ops {
+
+// w (N, K) float32 -> packed (ceil(N / 16), K, 16)
+at::Tensor pack_weight(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2, "pack_weight: float32 (N, K) only");
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kNR - 1) / kNR;
+  auto padded = at::zeros({panels * kNR, k}, w.options());
+  padded.narrow(0, 0, n).copy_(w);
+  return padded.view({panels, kNR, k}).transpose(1, 2).contiguous();
+}
+
 // x (M, K), packed from pack_weight, n = N, bias (N,) or undefined -> (M, N)
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                          const c10::optional<at::Tensor>& bias) {
@@ -250,20 +241,24 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   return gemm(x, packed, n, bp, false);
 }
 
+// SwiGLU's gate and up weights (I, K) each -> one packed weight whose panels alternate: gate
+// rows 0..15, up rows 0..15, gate rows 16..31, ... (zero rows pad the last pair)
+at::Tensor pack_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.scalar_type() == at::kFloat && gate.dim() == 2 && gate.sizes() == up.sizes() &&
+                  up.scalar_type() == at::kFloat,
+              "pack_swiglu: two float32 (I, K) weights of one shape");
+  const int64_t n = gate.size(0), k = gate.size(1), blocks = (n + kNR - 1) / kNR;
+  auto pad = [&](const at::Tensor& w) {
+    auto padded = at::zeros({blocks * kNR, k}, w.options());
+    padded.narrow(0, 0, n).copy_(w);
+    return padded.view({blocks, kNR, k});
+  };
+  return pack_weight(at::stack({pad(gate), pad(up)}, 1).view({2 * blocks * kNR, k}));
+}
+
 // x (M, K), packed from pack_swiglu of (I, K) weights, n = I -> (M, I)
 at::Tensor packed_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return gemm(x, packed, n, nullptr, true);
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
-  m.def("pack_weight(Tensor w) -> Tensor");
-  m.def("packed_linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
-  m.impl("pack_weight", c10::DispatchKey::CPU, &pack_weight);
-  m.impl("packed_linear", c10::DispatchKey::CPU, &packed_linear);
-  m.def("pack_swiglu(Tensor gate, Tensor up) -> Tensor");
-  m.def("packed_swiglu(Tensor x, Tensor packed, int n) -> Tensor");
-  m.impl("pack_swiglu", c10::DispatchKey::CPU, &pack_swiglu);
-  m.impl("packed_swiglu", c10::DispatchKey::CPU, &packed_swiglu);
-}
+}  // namespace modelyard::ops

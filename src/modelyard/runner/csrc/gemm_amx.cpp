@@ -19,14 +19,16 @@
 // `amx_ready` asks once and reports False where it is refused (the runner then keeps its
 // AVX-512 path), so no tile instruction ever runs without it.
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "claim.h"
+#include "ops.h"
 #include "vec.h"
+
+using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -40,20 +42,6 @@ namespace {
 constexpr int64_t kCols = 16;    // output columns per panel
 constexpr int64_t kTileK = 32;   // k per tile (16 pairs)
 constexpr int64_t kBlockM = 32;  // rows of x per row block (two A tiles)
-
-bool amx_ready() {
-#if defined(MODELYARD_AMX)
-  static const bool ready = [] {
-    constexpr long kGetPerm = 0x1022, kRequestPerm = 0x1023, kTileData = 18;
-    if (syscall(SYS_arch_prctl, kRequestPerm, kTileData) != 0) return false;
-    unsigned long granted = 0;
-    return syscall(SYS_arch_prctl, kGetPerm, &granted) == 0 && ((granted >> kTileData) & 1);
-  }();
-  return ready;
-#else
-  return false;
-#endif
-}
 
 #if defined(MODELYARD_AMX)
 // the palette-1 tile configuration: C tiles 0-3 (rows r0, r0, r1, r1), A tiles 4-5 (r0, r1),
@@ -197,6 +185,24 @@ at::Tensor packed_amx(const at::Tensor& x, const at::Tensor& packed, int64_t col
   return y;
 }
 
+}  // namespace
+
+namespace modelyard::ops {
+
+bool amx_ready() {
+#if defined(MODELYARD_AMX)
+  static const bool ready = [] {
+    constexpr long kGetPerm = 0x1022, kRequestPerm = 0x1023, kTileData = 18;
+    if (syscall(SYS_arch_prctl, kRequestPerm, kTileData) != 0) return false;
+    unsigned long granted = 0;
+    return syscall(SYS_arch_prctl, kGetPerm, &granted) == 0 && ((granted >> kTileData) & 1);
+  }();
+  return ready;
+#else
+  return false;
+#endif
+}
+
 at::Tensor packed_linear_amx(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return packed_amx<false>(x, packed, n, "packed_linear_amx");
 }
@@ -205,12 +211,4 @@ at::Tensor packed_swiglu_amx(const at::Tensor& x, const at::Tensor& packed, int6
   return packed_amx<true>(x, packed, width, "packed_swiglu_amx");
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
-  m.def("amx_ready() -> bool", &amx_ready);
-  m.def("packed_linear_amx(Tensor x, Tensor packed, int n) -> Tensor");
-  m.def("packed_swiglu_amx(Tensor x, Tensor packed, int width) -> Tensor");
-  m.impl("packed_linear_amx", c10::DispatchKey::CPU, &packed_linear_amx);
-  m.impl("packed_swiglu_amx", c10::DispatchKey::CPU, &packed_swiglu_amx);
-}
+}  // namespace modelyard::ops

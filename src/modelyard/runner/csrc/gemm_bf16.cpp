@@ -13,7 +13,6 @@
 // Larger row counts stay on oneDNN (runner.linear).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,7 +22,10 @@
 #include <vector>
 
 #include "claim.h"
+#include "ops.h"
 #include "vec.h"
+
+using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -34,43 +36,6 @@ namespace {
 
 constexpr int64_t kCols = 16;  // output columns per panel
 constexpr int64_t kRows = 8;   // rows of x per micro-kernel call (2 panels: 16 accumulators)
-
-bool bf16_gemm_supported() {
-#if defined(MODELYARD_BF16_GEMM)
-  return true;
-#else
-  return false;
-#endif
-}
-
-// w (N, K) bf16, K even -> (ceil(N / 16), K / 2, 16, 2): panel p, pair j, column c holds
-// w[16p + c][2j], w[16p + c][2j + 1] (zero columns pad the last panel)
-at::Tensor pack_bf16(const at::Tensor& w) {
-  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.size(1) % 2 == 0,
-              "pack_bf16: bfloat16 (N, K) with K even only");
-  const int64_t n = w.size(0), k = w.size(1), panels = (n + kCols - 1) / kCols;
-  auto padded = at::zeros({panels * kCols, k}, w.options());
-  padded.narrow(0, 0, n).copy_(w);
-  return padded.view({panels, kCols, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
-}
-
-// SwiGLU's gate and up (I, K) -> pack_bf16 panels alternating 16 gate rows and the same 16 up
-// rows (zero-padded), so one unit of two panels makes 16 columns of silu(gate) * up; as
-// (ceil(I / 16), 2, K / 2, 16, 2)
-at::Tensor pack_swiglu_bf16(const at::Tensor& gate, const at::Tensor& up) {
-  TORCH_CHECK(gate.sizes() == up.sizes() && gate.dim() == 2 &&
-                  up.scalar_type() == gate.scalar_type(),
-              "pack_swiglu_bf16: gate and up of one shape (I, K) and dtype");
-  const int64_t width = gate.size(0), k = gate.size(1), units = (width + kCols - 1) / kCols;
-  const auto padded = [&](const at::Tensor& w) {  // (units, 1, 16, K)
-    auto out = at::zeros({units * kCols, k}, w.options());
-    out.narrow(0, 0, width).copy_(w);
-    return out.view({units, 1, kCols, k});
-  };
-  const auto both = at::cat({padded(gate), padded(up)}, 1).view({units * 2 * kCols, k});
-  const auto panels = pack_bf16(both);
-  return panels.view({units, 2, k / 2, kCols, 2});  // 5-D: told apart from pack_bf16's panels
-}
 
 #if defined(MODELYARD_BF16_GEMM)
 // pairs of k per block summed from zero in oneDNN's order for x (m, k): 512 k, or 1024 where
@@ -215,6 +180,47 @@ at::Tensor packed_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t co
   return y;
 }
 
+}  // namespace
+
+namespace modelyard::ops {
+
+bool bf16_gemm_supported() {
+#if defined(MODELYARD_BF16_GEMM)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// w (N, K) bf16, K even -> (ceil(N / 16), K / 2, 16, 2): panel p, pair j, column c holds
+// w[16p + c][2j], w[16p + c][2j + 1] (zero columns pad the last panel)
+at::Tensor pack_bf16(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.size(1) % 2 == 0,
+              "pack_bf16: bfloat16 (N, K) with K even only");
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kCols - 1) / kCols;
+  auto padded = at::zeros({panels * kCols, k}, w.options());
+  padded.narrow(0, 0, n).copy_(w);
+  return padded.view({panels, kCols, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// SwiGLU's gate and up (I, K) -> pack_bf16 panels alternating 16 gate rows and the same 16 up
+// rows (zero-padded), so one unit of two panels makes 16 columns of silu(gate) * up; as
+// (ceil(I / 16), 2, K / 2, 16, 2)
+at::Tensor pack_swiglu_bf16(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.dim() == 2 &&
+                  up.scalar_type() == gate.scalar_type(),
+              "pack_swiglu_bf16: gate and up of one shape (I, K) and dtype");
+  const int64_t width = gate.size(0), k = gate.size(1), units = (width + kCols - 1) / kCols;
+  const auto padded = [&](const at::Tensor& w) {  // (units, 1, 16, K)
+    auto out = at::zeros({units * kCols, k}, w.options());
+    out.narrow(0, 0, width).copy_(w);
+    return out.view({units, 1, kCols, k});
+  };
+  const auto both = at::cat({padded(gate), padded(up)}, 1).view({units * 2 * kCols, k});
+  const auto panels = pack_bf16(both);
+  return panels.view({units, 2, k / 2, kCols, 2});  // 5-D: told apart from pack_bf16's panels
+}
+
 // x (M, K) packed from pack_bf16, n = N -> (M, N) bf16
 at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   return packed_gemm<false>(x, packed, n, "packed_linear_bf16");
@@ -227,50 +233,4 @@ at::Tensor packed_swiglu_bf16(const at::Tensor& x, const at::Tensor& packed, int
   return packed_gemm<true>(x, packed, width, "packed_swiglu_bf16");
 }
 
-}  // namespace
-
-void team_begin() { modelyard::Team::get().begin(); }
-void team_end() { modelyard::Team::get().end(); }
-
-// for_each_claimed's contract, for tests: (3, units) rows of how many times each unit ran (each
-// exactly once), whether it ran on the calling thread, and whether on the Team's helper; an error
-// raised by unit `fail` (-1: none) reaches the caller from whichever thread ran it; each unit
-// busy for `unit_us` microseconds
-at::Tensor claim_probe(int64_t units, int64_t fail, int64_t unit_us) {
-  auto result = at::zeros({3, units}, at::kInt);
-  const auto n = static_cast<size_t>(units);
-  std::vector<std::atomic<int>> seen(n), here(n), helper(n);
-  const auto caller = std::this_thread::get_id();
-  modelyard::for_each_claimed(units, [&](int64_t unit, int64_t, bool) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(unit_us);
-    while (std::chrono::steady_clock::now() < until) {
-    }
-    TORCH_CHECK(unit != fail, "claim_probe: unit ", unit, " failed");
-    const auto u = static_cast<size_t>(unit);
-    seen[u].fetch_add(1, std::memory_order_relaxed);
-    if (std::this_thread::get_id() == caller) here[u].store(1);
-    if (modelyard::Team::get().on_helper()) helper[u].store(1);
-  });
-  int* out = result.data_ptr<int>();
-  for (int64_t u = 0; u < units; ++u) {
-    out[u] = seen[static_cast<size_t>(u)].load();
-    out[units + u] = here[static_cast<size_t>(u)].load();
-    out[2 * units + u] = helper[static_cast<size_t>(u)].load();
-  }
-  return result;
-}
-
-TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
-  m.def("team_begin() -> ()", &team_begin);
-  m.def("team_end() -> ()", &team_end);
-  m.def("claim_probe(int units, int fail, int unit_us) -> Tensor", &claim_probe);
-  m.def("bf16_gemm_supported() -> bool", &bf16_gemm_supported);
-  m.def("pack_bf16(Tensor w) -> Tensor");
-  m.def("pack_swiglu_bf16(Tensor gate, Tensor up) -> Tensor");
-  m.def("packed_linear_bf16(Tensor x, Tensor packed, int n) -> Tensor");
-  m.def("packed_swiglu_bf16(Tensor x, Tensor packed, int width) -> Tensor");
-  m.impl("pack_bf16", c10::DispatchKey::CPU, &pack_bf16);
-  m.impl("pack_swiglu_bf16", c10::DispatchKey::CPU, &pack_swiglu_bf16);
-  m.impl("packed_linear_bf16", c10::DispatchKey::CPU, &packed_linear_bf16);
-  m.impl("packed_swiglu_bf16", c10::DispatchKey::CPU, &packed_swiglu_bf16);
-}
+}  // namespace modelyard::ops

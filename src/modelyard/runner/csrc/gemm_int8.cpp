@@ -10,13 +10,15 @@
 // (claim.h); the next unit's panels are prefetched while one is computed. Up to kMR rows share
 // each widened weight vector; more rows run as further row blocks over the same (cached) panel.
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "claim.h"
+#include "ops.h"
 #include "vec.h"
+
+using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
 namespace {
 
@@ -101,6 +103,10 @@ void gemm(const float* xp, int64_t m, int64_t k, const at::Tensor& packed, const
   });
 }
 
+}  // namespace
+
+namespace modelyard::ops {
+
 // x (M, K) float32 or bfloat16; packed (ceil(N / 16), K, 16) int8; scale (>= N,) float32;
 // bias (N,) float32 or undefined -> (M, N) of x's dtype
 at::Tensor packed_linear_int8(const at::Tensor& x, const at::Tensor& packed,
@@ -135,9 +141,4 @@ at::Tensor packed_linear_int8(const at::Tensor& x, const at::Tensor& packed,
   return y;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(modelyard_kernels, m) {
-  m.def("packed_linear_int8(Tensor x, Tensor packed, Tensor scale, int n, Tensor? bias) -> Tensor");
-  m.impl("packed_linear_int8", c10::DispatchKey::CPU, &packed_linear_int8);
-}
+}  // namespace modelyard::ops

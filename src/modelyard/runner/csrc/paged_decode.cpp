@@ -13,10 +13,12 @@
 // rounded to bf16. On AVX-512 BF16 hosts the common shapes skip the widening: see decode_dp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include "claim.h"
+#include "ops.h"
 #include "vec.h"
+
+using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -511,6 +513,10 @@ at::Tensor try_decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const a
 }
 #endif
 
+}  // namespace
+
+namespace modelyard::ops {
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window) {
@@ -550,11 +556,4 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       .to(at::kBFloat16);
 }
 
-}  // namespace
-
-TORCH_LIBRARY(modelyard_kernels, m) {
-  m.def(
-      "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor seq_lens, float scale, int window) -> Tensor");
-  m.impl("paged_decode_attention", c10::DispatchKey::CPU, &paged_decode_attention);
-}
+}  // namespace modelyard::ops
