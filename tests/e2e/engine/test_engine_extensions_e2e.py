@@ -6,8 +6,9 @@ model and declares a LoRA adapter made here with `peft`.
   counts the drafts; a second catalog entry speculates with a draft model named by its catalog
   id (the default model: same tokenizer) and answers what the plain model answers;
 - the declared adapter is a model in /v1/models with the base as parent, and answers what
-  peft's merged model generates; adapters load and unload through vLLM's API; with two kept in
-  memory, a third evicts the least recently used (read again from disk when it comes back);
+  peft's merged model generates, alone or sent together with a request to the base; adapters
+  load and unload through vLLM's API; with two kept in memory, a third evicts the least
+  recently used (read again from disk when it comes back);
 - a route's tenant override gives the tenant "bank" the finance adapter as its default model,
   and only an admin key may load or unload adapters.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -33,6 +35,7 @@ COPY = (
 )
 PROMPT = "The three most important inventions in history are"
 DRAFTED = "smollm2-drafted"  # the same weights, speculating with E2E_MODEL as its draft model
+MIX = ("finance", E2E_MODEL)
 KEYS: dict[str, str] = {}  # tenant -> API key, filled by the server fixture
 
 
@@ -189,6 +192,9 @@ def test_adapters_through_the_openai_and_vllm_apis(
     assert finance.json()["choices"][0]["text"] == expected
     base_text = complete(server, E2E_MODEL).json()["choices"][0]["text"]
     assert finance.json()["choices"][0]["text"] != base_text
+    with ThreadPoolExecutor(2) as pool:  # the adapter and the base sent together: one batch
+        mixed = pool.map(lambda m: complete(server, m).json()["choices"][0]["text"], MIX)
+        assert list(mixed) == [expected, base_text]
     assert complete(server, "legal").status_code == 404
     routed = complete(server, "chat", tenant="bank")  # the tenant override: bank -> finance
     assert routed.status_code == 200, routed.text
