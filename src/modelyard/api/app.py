@@ -31,12 +31,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import Depends, FastAPI
 
 from modelyard.api.errors import install_exception_handlers
+from modelyard.api.lora import AdapterProvider, LoRARegistry
 from modelyard.api.middleware import build_middleware_stack
 from modelyard.api.openapi import install_openapi
 from modelyard.api.routes import (
     embeddings,
     health,
     kserve,
+    lora,
     openai,
     predict,
     prefixes,
@@ -99,8 +101,11 @@ def build_app(
     )
     app.state.provider = provider
     app.state.router = router
+    app.state.loras = LoRARegistry.from_provider(provider)  # LoRA adapters as model ids
     app.state.request_path = RequestPath(
-        provider, router, timeout_s=config.server.request_timeout_s
+        AdapterProvider(provider, app.state.loras),
+        router,
+        timeout_s=config.server.request_timeout_s,
     )
     app.state.config = config
     app.state.ready = startup is None
@@ -109,7 +114,8 @@ def build_app(
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
     app.state.prefixes = prefixes.PrefixDirectory()
     install_exception_handlers(app)
-    for module in (health, openai, textbook, vllm_compat, kserve, predict, embeddings, prefixes):
+    routes = (health, openai, textbook, vllm_compat, kserve, predict, embeddings, prefixes, lora)
+    for module in routes:
         app.include_router(module.router)
     app.include_router(gateway_admin.router)
     # /metrics names tenants: admin scope, unless listed in gateway.open_paths (a scraper)

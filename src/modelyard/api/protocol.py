@@ -49,7 +49,8 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    priority: int = Field(0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)  # added to the tenant's
+    priority: int = Field(0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)  # + the tenant's priority
+    speculate: bool | None = None  # speculative decoding: None = the model's policy
     user: str | None = None  # accepted for compatibility; logged, not used
 
     def sampling_params(
@@ -76,6 +77,7 @@ class SamplingFields(BaseModel):
             "stop_token_ids": list(self.stop_token_ids or []),
             "seed": self.seed,
             "logprobs": logprobs,
+            "speculate": self.speculate,
         }
         optional = {
             "temperature": self.temperature,

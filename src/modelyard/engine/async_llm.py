@@ -22,7 +22,13 @@ from collections.abc import AsyncIterator, Sequence
 
 from modelyard.engine.client import EngineCoreClient, OutputQueue
 from modelyard.engine.config import AdmissionConfig, EngineConfig
-from modelyard.engine.messages import EngineOutput, EngineReady, SchedulerStats
+from modelyard.engine.messages import (
+    DropLoRAs,
+    EngineOutput,
+    EngineReady,
+    LoRARequest,
+    SchedulerStats,
+)
 from modelyard.engine.output_processor import (
     RequestState,
     check_prompt_length,
@@ -165,6 +171,7 @@ class AsyncLLM:
         request_id: str,
         *,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs (see LLMClient.generate for the error contract)."""
         params.validate()
@@ -179,7 +186,7 @@ class AsyncLLM:
         state = RequestState(request_id, ids, params, self._tokenizer)
         self._live[request_id] = state
         try:
-            queue = await self._submit(state, priority)
+            queue = await self._submit(state, priority, lora)
             while not state.finished:
                 output = await self._next_output(state, queue)
                 if output is not None:
@@ -196,6 +203,10 @@ class AsyncLLM:
         state = self._live.get(request_id)
         if state is not None:
             await self._client.abort(state.unfinished_ids())
+
+    async def drop_loras(self, names: list[str]) -> None:
+        if self._client.is_alive:
+            await self._client.send(DropLoRAs(names=list(names)))
 
     async def shutdown(self) -> None:
         await self._client.shutdown()
@@ -229,9 +240,11 @@ class AsyncLLM:
             self._waiting_requests -= 1
             self._waiting_prompt_tokens -= prompt_len
 
-    async def _submit(self, state: RequestState, priority: int) -> OutputQueue:
+    async def _submit(
+        self, state: RequestState, priority: int, lora: LoRARequest | None
+    ) -> OutputQueue:
         queue: OutputQueue = asyncio.Queue()
-        for request in state.engine_requests(priority):
+        for request in state.engine_requests(priority, lora):
             await self._client.add_request(request, queue)
         return queue
 

@@ -193,6 +193,11 @@ class EngineCoreClient:
             raise
         return RequestStream(request.request_id, queue)
 
+    async def send(self, command: EngineCommand) -> None:
+        """A command that needs no answer (e.g. DropLoRAs)."""
+        self._check_alive()
+        await self.worker.send(command)
+
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in the engine (it frees their KV blocks at the next step). Each request still
         in flight receives a final output with FinishReason.ABORT right away."""

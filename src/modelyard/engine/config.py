@@ -16,6 +16,7 @@ from modelyard.config_parse import ConfigError, check_fields, from_mapping, sett
 
 Dtype = Literal["float32", "bfloat16"]
 Implementation = Literal["auto", "native", "generic"]
+SpecMethod = Literal["ngram", "draft", "self_draft"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,18 +89,116 @@ class AdmissionConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """Speculative decoding of one model (engine.spec_decode states the policy)."""
+
+    method: SpecMethod
+    """ngram = prompt lookup (no model); draft = a second model sharing the tokenizer;
+    self_draft = the target's own first `draft_layers` layers and its head."""
+    num_speculative_tokens: int = setting(4, ge=1)
+    """Most tokens proposed per request and step (k)."""
+    draft_model: str | None = None
+    """method=draft: the draft's weights (a ModelConfig.model source)."""
+    draft_layers: int = setting(8, ge=1)
+    """method=self_draft: how many of the target's layers the draft runs."""
+    prompt_lookup_min: int = setting(2, ge=1)
+    """method=ngram: shortest suffix n-gram matched against the earlier tokens."""
+    prompt_lookup_max: int = setting(4, ge=1)
+    """method=ngram: longest suffix n-gram tried first."""
+    long_output_tokens: int = setting(64, ge=0)
+    """A request speculates by default when its max_tokens is None or at least this (the
+    request's `speculate` overrides)."""
+    disable_by_batch_size: int = setting(8, ge=1)
+    """No request speculates in a step that starts with more running requests than this."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError("draft_model", "is needed by the speculative method 'draft'")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError("prompt_lookup_min", "must be <= prompt_lookup_max")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], where: str) -> SpeculativeConfig | None:
+        """The catalog's flat speculative options (`SPECULATIVE_OPTIONS`): None without
+        `draft`. `draft` is ngram, self, or another catalog LLM (whose source the catalog put
+        in `draft_source`)."""
+        draft = options.get("draft")
+        if draft is None:
+            return None
+        method: SpecMethod = {"ngram": "ngram", "self": "self_draft"}.get(str(draft), "draft")  # type: ignore[assignment]
+        if method == "draft" and "draft_source" not in options:
+            raise ConfigError(f"{where}.draft", f"{draft!r} is not a catalog LLM")
+        values = {
+            field: options[key] for key, field in SPECULATIVE_OPTIONS.items() if key in options
+        }
+        values["method"] = method
+        values["draft_model"] = options.get("draft_source") if method == "draft" else None
+        return from_mapping(cls, values, where)
+
+
+#: catalog option -> SpeculativeConfig field (`draft` and `draft_source` are read separately)
+SPECULATIVE_OPTIONS = {
+    "num_speculative_tokens": "num_speculative_tokens",
+    "draft_layers": "draft_layers",
+    "prompt_lookup_min": "prompt_lookup_min",
+    "prompt_lookup_max": "prompt_lookup_max",
+    "speculative_long_output_tokens": "long_output_tokens",
+    "speculative_disable_by_batch_size": "disable_by_batch_size",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoRAConfig:
+    """Serving LoRA adapters on this model (runner.lora states the mechanism)."""
+
+    max_loras: int = setting(4, ge=1)
+    """Most different adapters in one step (each has a slot in the stacked LoRA weights)."""
+    max_lora_rank: int = setting(16, ge=1)
+    """Largest rank an adapter may have (the width of a slot)."""
+    max_cpu_loras: int = setting(16, ge=1)
+    """Most adapters kept loaded in memory (least recently used ones are dropped)."""
+    max_cpu_lora_bytes: int = setting(1024**3, ge=1)
+    """Memory for the loaded adapters' weights; least recently used ones are dropped first."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.max_cpu_loras < self.max_loras:
+            raise ConfigError("max_cpu_loras", "must be >= max_loras")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], where: str) -> LoRAConfig | None:
+        """The catalog's flat LoRA options (`LORA_OPTIONS`): None when there is none."""
+        if not any(key in options for key in LORA_OPTIONS):
+            return None
+        fields_ = {f.name for f in fields(cls)}
+        return from_mapping(cls, {k: v for k, v in options.items() if k in fields_}, where)
+
+
+#: catalog options that turn LoRA on; `lora_modules` ({name: folder}) is read by the API
+#: process's adapter registry, the others are LoRAConfig fields
+LORA_OPTIONS = ("lora_modules", "max_loras", "max_lora_rank", "max_cpu_loras", "max_cpu_lora_bytes")
+_EXTENSION_OPTIONS = frozenset({"draft", "draft_source", *SPECULATIVE_OPTIONS, *LORA_OPTIONS})
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = setting(factory=CacheConfig)
     scheduler: SchedulerConfig = setting(factory=SchedulerConfig)
     admission: AdmissionConfig = setting(factory=AdmissionConfig)
+    speculative: SpeculativeConfig | None = None
+    """None: no speculative decoding."""
+    lora: LoRAConfig | None = None
+    """None: requests may not name a LoRA adapter."""
 
     @classmethod
     def from_options(
         cls, model: str, options: Mapping[str, Any], where: str = "engine options"
     ) -> EngineConfig:
         """Flat options (`dtype`, `kv_cache_bytes`, `max_num_seqs`, ...: any field of the four
-        sections) sorted into their sections; ConfigError for an unknown or invalid one."""
+        sections, and the speculative and LoRA options) sorted into their sections;
+        ConfigError for an unknown or invalid one."""
         sections = {
             "cache": CacheConfig,
             "scheduler": SchedulerConfig,
@@ -107,13 +206,17 @@ class EngineConfig:
         }
         owner = {f.name: name for name, c in sections.items() for f in fields(c)}
         owner.update({f.name: "model" for f in fields(ModelConfig) if f.name != "model"})
-        unknown = sorted(set(options) - set(owner))
+        unknown = sorted(set(options) - set(owner) - _EXTENSION_OPTIONS)
         if unknown:
-            raise ConfigError(where, f"unknown key(s) {unknown} (known: {sorted(owner)})")
+            known = sorted({*owner, *_EXTENSION_OPTIONS} - {"draft_source"})
+            raise ConfigError(where, f"unknown key(s) {unknown} (known: {known})")
         parts: dict[str, dict[str, Any]] = {name: {} for name in ("model", *sections)}
         for key, value in options.items():
-            parts[owner[key]][key] = value
+            if key in owner:
+                parts[owner[key]][key] = value
         return cls(
             model=from_mapping(ModelConfig, {"model": model, **parts["model"]}, where),
             **{name: from_mapping(c, parts[name], where) for name, c in sections.items()},
+            speculative=SpeculativeConfig.from_options(options, where),
+            lora=LoRAConfig.from_options(options, where),
         )

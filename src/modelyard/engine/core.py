@@ -16,17 +16,35 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import msgspec
 
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.isolation import isolate_failure
-from modelyard.engine.messages import EngineOutput, EngineRequest, PinPrefix, SchedulerStats
+from modelyard.engine.messages import (
+    EngineOutput,
+    EngineRequest,
+    LoRARequest,
+    PinPrefix,
+    SchedulerStats,
+)
 from modelyard.engine.pins import PrefixPins, pin_limit_blocks
 from modelyard.engine.scheduler import Scheduler
 from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
+from modelyard.engine.spec_decode import SpecDecodePolicy
 
 logger = logging.getLogger(__name__)
+
+
+class LoRARunner(Protocol):
+    """What a runner needs for LoRA adapters (runner.model_runner.ModelRunner has it)."""
+
+    def check_lora(self, lora: LoRARequest) -> None: ...
+
+    def drop_loras(self, names: list[str]) -> None: ...
+
+    def fill_lora_stats(self, stats: SchedulerStats) -> None: ...
 
 
 class EngineCore:
@@ -42,12 +60,19 @@ class EngineCore:
         """`clock` times the pins' TTLs (tests pass a fake one)."""
         self.config = config
         self.runner = runner
+        self._lora: LoRARunner | None = None
+        if config.lora is not None:
+            if not all(hasattr(runner, m) for m in ("check_lora", "drop_loras", "fill_lora_stats")):
+                raise ValueError("this runner cannot serve LoRA adapters")
+            self._lora = runner  # type: ignore[assignment]
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
             num_blocks=runner.num_kv_blocks,
             max_model_len=runner.max_model_len,
             eos_token_ids=runner.eos_token_ids,
+            spec_policy=SpecDecodePolicy(config.speculative, runner.max_model_len),
+            max_loras=config.lora.max_loras if config.lora is not None else 0,
             vocab_size=runner.vocab_size,
         )
         kv = self.scheduler.kv_cache
@@ -63,8 +88,16 @@ class EngineCore:
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request. ValueError when it can never run: a prompt longer than the
         context length - 1, an empty prompt, a duplicate live id, invalid sampling params.
-        (The API process checks first; this is the last line.)"""
+        (The API process checks first; this is the last line.) A LoRA adapter is loaded
+        now, so one that does not fit the model fails only its request."""
+        if request.lora is not None and self._lora is not None:
+            self._lora.check_lora(request.lora)
         self.scheduler.add_request(request)
+
+    def drop_loras(self, names: list[str]) -> None:
+        """These adapters were unregistered: free their memory."""
+        if self._lora is not None:
+            self._lora.drop_loras(names)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Drop these requests; their KV blocks are free before the next step."""
@@ -124,7 +157,7 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         kv = self.scheduler.kv_cache
-        return msgspec.structs.replace(
+        stats = msgspec.structs.replace(
             self.scheduler.stats(),
             num_computed_tokens=self.num_computed_tokens,
             num_pinned_blocks=kv.num_pinned_blocks,
@@ -132,3 +165,6 @@ class EngineCore:
             pinned_prefix_hits=kv.pinned_hits,
             prefix_hits=self.pins.hits(),
         )
+        if self._lora is not None:
+            self._lora.fill_lora_stats(stats)
+        return stats

@@ -8,9 +8,12 @@ The engine streams token ids; this module turns them into text deltas for one co
    that only makes sense merged with the next one) nothing is emitted and the offsets stay put.
    The window starts on the last few prompt tokens so a leading space of the first generated
    token comes out right for SentencePiece-style tokenizers.
-2. Stop strings: the accumulated text is searched for the earliest stop string; on a match the
-   text is trimmed (the stop string kept only with include_stop_str_in_output) and
-   `stop_string` is reported: the caller must abort the request in the engine.
+2. Stop strings: the accumulated text is searched for the earliest stop string after each new
+   token; on a match the text is trimmed (the stop string kept only with
+   include_stop_str_in_output), `stop_string` is reported (the caller must abort the request
+   in the engine) and `num_tokens` says how many of the update's tokens came before it, the
+   matching one included (an output of several tokens, e.g. an accepted speculative run, keeps
+   exactly the tokens one-at-a-time decoding would have).
 3. Hold-back: while not finished, the last (longest stop string - 1) characters are kept back, so
    a partially matched stop string never reaches the client.
 
@@ -39,6 +42,7 @@ class DetokenizedDelta:
 
     text: str  # new text for the client ("" while waiting for more bytes or held back)
     stop_string: str | None = None  # the stop string that matched; the completion is over
+    num_tokens: int = 0  # tokens of the update that belong to the output (see step 2)
 
 
 class IncrementalDetokenizer:
@@ -70,19 +74,25 @@ class IncrementalDetokenizer:
         if self._stopped:
             return DetokenizedDelta(text="")
         previous_len = len(self._text)
+        stop: str | None = None
+        num_tokens = 0
         for token_id in new_token_ids:
             self._ids.append(token_id)
             self._text += self._decode_next(flush=False)
-        if finished:
+            num_tokens += 1
+            if len(new_token_ids) > 1 and (stop := self._find_stop(previous_len)) is not None:
+                break
+        if finished and stop is None:
             self._text += self._decode_next(flush=True)
-        stop = self._find_stop(previous_len)
+        if stop is None:
+            stop = self._find_stop(previous_len)
         if stop is not None:
             self._stopped = True
             finished = True
         end = len(self._text) if finished else max(self._emitted, len(self._text) - self._hold_back)
         delta = self._text[self._emitted : end]
         self._emitted = end
-        return DetokenizedDelta(text=delta, stop_string=stop)
+        return DetokenizedDelta(text=delta, stop_string=stop, num_tokens=num_tokens)
 
     def _decode_next(self, flush: bool) -> str:
         """Text added by the tokens after the read offset; "" while a character is unfinished

@@ -9,6 +9,7 @@ could still break a step. Enabled only by the catalog option `poison_token_ids` 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
 
@@ -39,6 +40,12 @@ class PoisonedRunner:
     @property
     def vocab_size(self) -> int:
         return self.runner.vocab_size
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest is the wrapped runner's (its LoRA methods, its paths)."""
+        if name == "runner":  # not set yet (copy, unpickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.runner, name)
 
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         for entry in scheduler_output.scheduled:

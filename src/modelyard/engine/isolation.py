@@ -19,6 +19,8 @@ culprits' error messages for `Scheduler.fail_requests`, and the members to recom
 Running members again is safe: a step writes each KV slot with a value that depends only on the
 request's own tokens and positions, so a second run writes the same values, and the runner's
 per-request state (seeded generators) advances only when sampling, after the forward succeeded.
+A speculating member proposes again (a draft model's greedy proposal over the same KV is the
+same) and its verified drafts come back with its sampled token.
 A batch whose every member fails (a runner bug, not a request) costs about twice its size in
 extra steps and fails them all.
 """
@@ -97,8 +99,9 @@ def layers_of(deps: list[set[int]]) -> list[list[int]]:
 
 
 def _end_block(entry: ScheduledRequest, block_size: int) -> int:
-    """One past the last block the entry touches this step."""
-    return (entry.start_position + len(entry.token_ids) - 1) // block_size + 1
+    """One past the last block the entry touches this step (its speculative slots included)."""
+    last = entry.start_position + len(entry.token_ids) + entry.num_spec_tokens - 1
+    return last // block_size + 1
 
 
 def _bisect(
@@ -122,6 +125,7 @@ def _bisect(
         else:
             result.output.sampled_token_ids.update(output.sampled_token_ids)
             result.output.logprobs.update(output.logprobs)
+            result.output.drafts.update(output.drafts)  # speculation: accepted before sampled
             return
     half = len(indices) // 2
     _bisect(runner, batch, indices[:half], result)
@@ -134,6 +138,7 @@ def _subset(batch: SchedulerOutput, indices: list[int]) -> SchedulerOutput:
         scheduled=scheduled,
         num_batched_tokens=sum(len(entry.token_ids) for entry in scheduled),
         finished_request_ids=batch.finished_request_ids,
+        preempted_request_ids=batch.preempted_request_ids,
     )
 
 

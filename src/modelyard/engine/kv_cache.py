@@ -7,6 +7,8 @@ ids a request uses.
 Prefix caching (vLLM v1 style):
 - Every FULL block whose KV is computed gets a hash of (parent block's hash, its token ids), so
   a hash names the whole prefix up to the end of that block, prompt or generated tokens alike.
+  The first block's parent is the request's cache salt (its LoRA adapter), so requests of
+  different adapters never share KV.
 - A new request looks up the hashes of its leading full blocks; hits are shared (ref count + 1)
   instead of recomputed. At least the last token is always left to compute, so the runner has
   logits to sample from.
@@ -248,14 +250,18 @@ class KVCacheManager:
         later blocks are evicted before its earlier (more shareable) ones.
         """
         for block_id in reversed(request.block_ids):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
-                if block.block_hash is None:
-                    self._free.move_to_end(block_id, last=False)
+            self._unref(block_id)
         request.block_ids = []
         self._num_hashed_blocks.pop(request.request_id, None)
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Drop the request's blocks past those covering its first `num_tokens` positions
+        (speculative slots the target rejected). Those blocks hold no computed prefix, so
+        none of them is in the prefix cache on the request's account."""
+        keep = -(-num_tokens // self.block_size)
+        for block_id in reversed(request.block_ids[keep:]):
+            self._unref(block_id)
+        del request.block_ids[keep:]
 
     # ------------------------------------------------------------------ internals
 
@@ -270,6 +276,15 @@ class KVCacheManager:
                 self.pinned_hits += 1
                 deepest = pinned[-1]
                 self.pinned_hits_by_block[deepest] = self.pinned_hits_by_block.get(deepest, 0) + 1
+
+    def _unref(self, block_id: int) -> None:
+        """One reference less; at 0 the block joins the free list (uncached ones in front)."""
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free[block_id] = None
+            if block.block_hash is None:
+                self._free.move_to_end(block_id, last=False)
 
     def _take_cached_block(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -293,5 +308,5 @@ class KVCacheManager:
         hashes = request.block_hashes
         tokens = request.all_token_ids
         for index in range(len(hashes), len(tokens) // size):
-            parent = hashes[index - 1] if index else None
+            parent = hashes[index - 1] if index else request.cache_salt
             hashes.append(hash_block_tokens(parent, tokens[index * size : (index + 1) * size]))

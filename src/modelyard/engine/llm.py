@@ -10,12 +10,13 @@ call it from an event loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from modelyard.engine.config import EngineConfig
-from modelyard.engine.messages import FinishReason, SchedulerStats
+from modelyard.engine.config import EngineConfig, LoRAConfig, SpeculativeConfig
+from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats
 from modelyard.engine.output_processor import (
     RequestState,
     check_prompt_length,
@@ -64,14 +65,27 @@ class GenerationResult:
 class LLM:
     """An engine in this process. Options are the fields of ModelConfig / CacheConfig /
     SchedulerConfig, flattened (e.g. `LLM(path, dtype="bfloat16", max_num_seqs=32)`), read by
-    `EngineConfig.from_options` as a catalog entry's are (ValueError for an unknown one)."""
+    `EngineConfig.from_options` as a catalog entry's are (ValueError for an unknown one), plus
+    `speculative` / `lora`: a SpeculativeConfig / LoRAConfig or a dict of its fields."""
 
-    def __init__(self, model: str, **options: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        speculative: SpeculativeConfig | dict[str, Any] | None = None,
+        lora: LoRAConfig | dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
         from modelyard.engine.core import EngineCore
         from modelyard.runner.model_runner import ModelRunner
 
-        self.config = EngineConfig.from_options(model, options)
-        self.runner = ModelRunner(self.config.model, self.config.cache)
+        if isinstance(speculative, dict):
+            speculative = SpeculativeConfig(**speculative)
+        if isinstance(lora, dict):
+            lora = LoRAConfig(**lora)
+        config = EngineConfig.from_options(model, options)
+        self.config = dataclasses.replace(config, speculative=speculative, lora=lora)
+        self.runner = ModelRunner(self.config.model, self.config.cache, speculative, lora)
         self.core = EngineCore(self.config, self.runner)
         self.tokenizer: Tokenizer = load_tokenizer(self.runner.tokenizer_path)
 
@@ -86,9 +100,11 @@ class LLM:
         self,
         prompts: str | Sequence[str] | Sequence[list[int]],
         params: SamplingParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> list[GenerationResult]:
-        """Generate for every prompt (text, or token ids); results in input order. Raises
-        ValueError / PromptTooLongError before anything runs when an input is invalid."""
+        """Generate for every prompt (text, or token ids), with the LoRA adapter `lora` if
+        given; results in input order. Raises ValueError / PromptTooLongError before anything
+        runs when an input is invalid."""
         params = (params or SamplingParams()).validate()
         items: list[str | list[int]] = (
             [prompts] if isinstance(prompts, str) else [_as_prompt(p) for p in prompts]
@@ -110,7 +126,7 @@ class LLM:
             for prompt, state in zip(items, states, strict=True)
         ]
         for state in states:
-            for request in state.engine_requests():
+            for request in state.engine_requests(lora=lora):
                 self.core.add_request(request)
         self._run(states, results)
         return results
@@ -119,6 +135,7 @@ class LLM:
         self,
         conversations: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
         params: SamplingParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> list[GenerationResult]:
         """Apply the tokenizer's chat template (with the generation prompt) to one
         conversation or a list of them, then generate."""
@@ -131,7 +148,7 @@ class LLM:
             render_chat(self.tokenizer, messages)
             for messages in cast(Sequence[Sequence[dict[str, str]]], batch)
         ]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, lora)
 
     def _run(self, states: list[RequestState], results: list[GenerationResult]) -> None:
         """Step the core until every request finished (stop strings abort theirs)."""

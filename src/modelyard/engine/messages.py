@@ -39,6 +39,14 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
 # ---------------------------------------------------------------- API process -> worker
 
 
+class LoRARequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The LoRA adapter a request runs with (the API process's registry fills it in)."""
+
+    name: str  # the adapter's model id
+    path: str  # its PEFT folder (adapter_config.json + adapter_model.safetensors), server-side
+    adapter_id: int  # unique per registration: a re-registered name never shares cached KV
+
+
 class EngineRequest(msgspec.Struct, tag="add", kw_only=True):
     """Add one request (one completion: the API process fans n > 1 out)."""
 
@@ -47,12 +55,19 @@ class EngineRequest(msgspec.Struct, tag="add", kw_only=True):
     sampling_params: SamplingParams  # with n == 1
     priority: int = 0  # higher runs first; under KV pressure the lowest priority is preempted
     arrival_time: float = 0.0  # time.time() when the API process accepted the request
+    lora: LoRARequest | None = None  # run with this adapter on top of the base weights
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
     """Stop these requests; the scheduler frees their KV blocks at the next step."""
 
     request_ids: list[str]
+
+
+class DropLoRAs(msgspec.Struct, tag="drop_loras"):
+    """These adapters were unregistered: free their memory once no request uses them."""
+
+    names: list[str]
 
 
 class Shutdown(msgspec.Struct, tag="shutdown"):
@@ -80,7 +95,7 @@ class UnpinPrefixes(msgspec.Struct, tag="unpin"):
     prefix_ids: list[str]
 
 
-EngineCommand = EngineRequest | AbortRequests | Shutdown | PinPrefix | UnpinPrefixes
+EngineCommand = EngineRequest | AbortRequests | DropLoRAs | Shutdown | PinPrefix | UnpinPrefixes
 
 
 # ---------------------------------------------------------------- worker -> API process
@@ -113,6 +128,16 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
     prefix_cache_hits: int = 0  # cumulative prompt tokens found there
     num_preemptions: int = 0  # cumulative
     num_failed_requests: int = 0  # cumulative: requests that made a step fail (failed alone)
+    spec_decode_method: str = ""  # the speculative proposer ("" when the model has none)
+    spec_decode_num_drafts: int = 0  # cumulative verification runs with >= 1 proposed token
+    spec_decode_num_draft_tokens: int = 0  # cumulative tokens proposed
+    spec_decode_num_accepted_tokens: int = 0  # cumulative proposed tokens accepted
+    spec_decode_num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)
+    # cumulative accepted tokens per draft position (0 = the first proposed token)
+    lora_resident: list[str] = msgspec.field(default_factory=list)  # adapters in memory
+    lora_resident_bytes: int = 0  # their weights (loaded form + the packed slots)
+    lora_loads: int = 0  # cumulative adapter loads from disk
+    lora_load_seconds: float = 0.0  # cumulative time spent loading them
     num_aborted: int = 0  # cumulative: live requests aborted (client gone, closed, timed out)
     num_computed_tokens: int = 0  # cumulative tokens run through the model (prefill + decode)
     num_pinned_blocks: int = 0  # KV blocks held by pinned prefixes (never evicted)

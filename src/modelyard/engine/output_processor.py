@@ -22,7 +22,7 @@ from typing import Any, cast
 import msgspec
 
 from modelyard.engine.detokenizer import IncrementalDetokenizer
-from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason
+from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason, LoRARequest
 from modelyard.engine.protocol import (
     CompletionDelta,
     PromptTooLongError,
@@ -114,8 +114,11 @@ class RequestState:
     def unfinished_ids(self) -> list[str]:
         return [c.engine_id for _, c in self.completions.values() if not c.finished]
 
-    def engine_requests(self, priority: int = 0) -> list[EngineRequest]:
-        """One EngineRequest per completion (n = 1 each, seed + i when seeded)."""
+    def engine_requests(
+        self, priority: int = 0, lora: LoRARequest | None = None
+    ) -> list[EngineRequest]:
+        """One EngineRequest per completion (n = 1 each, seed + i when seeded), with the LoRA
+        adapter `lora` if given."""
         params = self.params
         return [
             EngineRequest(
@@ -126,6 +129,7 @@ class RequestState:
                 ),
                 priority=priority,
                 arrival_time=self.metrics.arrival_time,
+                lora=lora,
             )
             for engine_id, (i, _) in self.completions.items()
         ]
@@ -159,9 +163,12 @@ class RequestState:
         if completion.finished:
             return None
         self.scheduled = True
-        self._update_metrics(output, now)
         finish = output.finish_reason
         detok = completion.detokenizer.update(output.new_token_ids, finished=finish is not None)
+        if detok.num_tokens < len(output.new_token_ids):  # a stop string inside the run
+            kept = output.new_token_ids[: detok.num_tokens]
+            output = msgspec.structs.replace(output, new_token_ids=kept)
+        self._update_metrics(output, now)
         stop_reason: str | int | None = output.stop_reason
         if detok.stop_string is not None:
             stop_reason = detok.stop_string

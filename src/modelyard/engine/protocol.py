@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from modelyard.engine.messages import FinishReason, SchedulerStats, TokenLogprobs
+from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -133,3 +133,28 @@ class LLMClient(Protocol):
     def is_alive(self) -> bool: ...
 
     async def shutdown(self) -> None: ...
+
+
+class LoRAClient(LLMClient, Protocol):
+    """An engine client that serves LoRA adapters (engine.async_llm.AsyncLLM is one)."""
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        lora: LoRARequest | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """LLMClient.generate, with the adapter `lora` applied when given."""
+        ...
+
+    async def drop_loras(self, names: list[str]) -> None:
+        """These adapters were unregistered: the engine frees their memory."""
+        ...
+
+
+def serves_lora(llm: LLMClient) -> bool:
+    """True when the client can run requests with a LoRA adapter."""
+    return callable(getattr(llm, "drop_loras", None))

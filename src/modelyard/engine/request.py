@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from modelyard.engine.messages import EngineRequest, FinishReason
+from modelyard.engine.messages import EngineRequest, FinishReason, LoRARequest
 from modelyard.engine.sampling_params import SamplingParams
 
 BlockHash = bytes
@@ -69,6 +69,7 @@ class Request:
         sampling_params: SamplingParams,
         priority: int = 0,
         arrival_time: float = 0.0,
+        lora: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id  # unique among live requests (the API process's id)
         self.prompt_token_ids = list(prompt_token_ids)  # the tokenized prompt, never changed
@@ -86,6 +87,12 @@ class Request:
         self.first_scheduled_time: float | None = None  # time.time() when it first ran
         self.stop_reason: int | None = None  # the stop token id that ended it, if one did
         self.num_preemptions = 0  # times this request lost its blocks
+        self.lora = lora  # the adapter it runs with (None: the base model)
+        # the prefix cache's salt: KV computed with an adapter is only shared with requests
+        # of the same adapter registration
+        self.cache_salt: bytes | None = (
+            None if lora is None else f"lora:{lora.adapter_id}:{lora.name}".encode()
+        )
 
     @classmethod
     def from_engine_request(cls, message: EngineRequest) -> Request:
@@ -96,6 +103,7 @@ class Request:
             sampling_params=message.sampling_params,
             priority=message.priority,
             arrival_time=message.arrival_time,
+            lora=message.lora,
         )
 
     @property

@@ -72,6 +72,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the k most likely tokens'."""
     skip_special_tokens: bool = True
+    speculate: bool | None = None
+    """Speculative decoding for this request: None follows the model's policy (long outputs
+    only), True asks for it regardless of max_tokens, False turns it off. No effect on a model
+    without a draft; requests with logprobs never speculate."""
 
     @property
     def greedy(self) -> bool:

@@ -16,9 +16,17 @@ Pure CPU code behind two methods (vLLM v1 / nano-vllm shape):
      head with a STRICTLY higher priority than the worst running request preempts that request
      (repeatedly, worst first) to make room. Equal priorities never preempt each other on
      admission, so FCFS inside a class cannot thrash.
+  A request with a LoRA adapter is admitted only while the running requests use fewer than
+  `max_loras` different adapters (or already use its own); its prefix-cache hashes are salted
+  with the adapter, so adapters never share KV.
 - `update(scheduler_output, runner_output) -> list[EngineOutput]` appends the sampled tokens,
   applies the stop checks and frees the blocks of finished requests at once (their ids go to
   the runner with the next batch).
+
+Speculative decoding (engine.spec_decode) stays inside this shape: in step 1 a decode may get
+`num_spec_tokens` extra slots (if the policy allows and free blocks exist; never by
+preemption), counted in the token budget; `update` rolls back the rejected slots and appends the
+accepted tokens before the target's own, each through the stop checks.
 
 Blocks enter the prefix cache when the tokens that fill them are scheduled (vLLM does the
 same), so n > 1 siblings admitted in one step share the prompt's blocks at once; the runner
@@ -27,10 +35,7 @@ put in the batch, or a batch that fails (`discard`, `fail_requests`), withdraws 
 again. `fail_requests` settles a batch that failed in part (engine/isolation.py): the requests
 that made it fail finish as ERROR, those that depended on them are preempted.
 
-Stop checks, in order, on each new token: a stop token id, then EOS unless ignore_eos — both
-only once at least `min_tokens` tokens were generated BEFORE this one (the same rule the
-sampler's mask follows); then max_tokens; then the context length -> LENGTH. As in vLLM, the
-stop token is kept in the output ids; `stop_reason` is set for stop_token_ids only (not EOS).
+The stop checks on each new token are engine.step_outputs'.
 
 The context length used here is min(max_model_len, num_blocks * block_size): a request that
 could never fit in the whole KV cache would otherwise wait forever.
@@ -38,98 +43,23 @@ could never fit in the whole KV cache would otherwise wait forever.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig
 from modelyard.engine.kv_cache import KVCacheManager
-from modelyard.engine.messages import (
-    EngineOutput,
-    EngineRequest,
-    FinishReason,
-    SchedulerStats,
-    TokenLogprobs,
-)
+from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats
 from modelyard.engine.request import Request, RequestStatus
-from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput
+from modelyard.engine.scheduler_state import StepBatch, WaitingQueue
+from modelyard.engine.spec_decode import SpecDecodePolicy, SpecDecodeStats
+from modelyard.engine.step_outputs import append_tokens, error_output
 
 
 def _rank(request: Request) -> tuple[int, float, int]:
     """Sort key: best first (higher priority, then earlier arrival)."""
     return (-request.priority, request.arrival_time, request.arrival_order)
-
-
-@dataclass(order=True)
-class _QueueEntry:
-    key: tuple[int, int, float, int]
-    request: Request = field(compare=False)
-
-
-class WaitingQueue:
-    """Requests waiting for their (first or next) admission, best first.
-
-    Order: priority desc; inside a priority class, preempted requests first (so that work
-    already paid for resumes before new work starts), then arrival asc.
-    """
-
-    def __init__(self) -> None:
-        self._entries: list[_QueueEntry] = []
-
-    def push(self, request: Request, *, front_of_class: bool = False) -> None:
-        rank = 0 if front_of_class else 1
-        key = (-request.priority, rank, request.arrival_time, request.arrival_order)
-        bisect.insort(self._entries, _QueueEntry(key, request))
-
-    def peek(self) -> Request:
-        return self._entries[0].request
-
-    def pop(self) -> Request:
-        return self._entries.pop(0).request
-
-    def remove(self, request: Request) -> None:
-        self._entries = [e for e in self._entries if e.request is not request]
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __iter__(self) -> Iterator[Request]:
-        return (e.request for e in self._entries)
-
-
-@dataclass
-class _Batch:
-    """The batch being built by one `schedule()` call."""
-
-    token_budget: int  # tokens still allowed this step
-    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)  # insertion ordered
-    decode_ids: set[str] = field(default_factory=set)  # scheduled ids that are plain decodes
-    preempted_ids: set[str] = field(default_factory=set)  # requests preempted this step
-
-    def add(self, request: Request, num_new_tokens: int) -> None:
-        start = request.num_computed_tokens
-        end = start + num_new_tokens
-        self.scheduled[request.request_id] = ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.all_token_ids[start:end],
-            start_position=start,
-            block_table=request.block_ids,
-            sample=end == request.num_tokens,
-            sampling_params=request.sampling_params,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
-        )
-        self.token_budget -= num_new_tokens
-        if num_new_tokens == 1 and end == request.num_tokens and request.num_output_tokens:
-            self.decode_ids.add(request.request_id)
-
-    def remove(self, request_id: str) -> None:
-        entry = self.scheduled.pop(request_id, None)
-        if entry is not None:
-            self.token_budget += len(entry.token_ids)
-            self.decode_ids.discard(request_id)
 
 
 class Scheduler:
@@ -146,6 +76,8 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         eos_token_ids: Iterable[int],
+        spec_policy: SpecDecodePolicy | None = None,
+        max_loras: int = 0,
         vocab_size: int | None = None,
     ) -> None:
         self.config = scheduler_config
@@ -159,9 +91,13 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []  # holds blocks; sorted best first at each schedule
         self.num_preemptions = 0  # cumulative
+        self.max_loras = max_loras  # most different LoRA adapters among running requests
+        self.spec_policy = spec_policy or SpecDecodePolicy(None, self.max_model_len)
+        self.spec_stats = SpecDecodeStats(method=self.spec_policy.method)
         self.num_failed_requests = 0  # cumulative: requests failed by `fail_requests`
         self.num_aborted = 0  # cumulative: live requests aborted (not those already finished)
         self._finished_ids: set[str] = set()  # to hand to the runner with the next batch
+        self._preempted_ids: set[str] = set()  # likewise
         self._arrivals = itertools.count()
 
     # ------------------------------------------------------------------ requests in / out
@@ -181,6 +117,8 @@ class Scheduler:
                 f"(context length {self.max_model_len})"
             )
         message.sampling_params.validate()
+        if message.lora is not None and not self.max_loras:
+            raise ValueError("this model serves no LoRA adapters")
         token_ids = (*message.prompt_token_ids, *message.sampling_params.stop_token_ids)
         if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in token_ids):
             raise ValueError(f"a prompt or stop token id is outside [0, {self.vocab_size})")
@@ -211,7 +149,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         kv = self.kv_cache
-        return SchedulerStats(
+        stats = SchedulerStats(
             num_running=self.num_running,
             num_waiting=self.num_waiting,
             num_blocks=kv.num_blocks,
@@ -223,29 +161,38 @@ class Scheduler:
             num_failed_requests=self.num_failed_requests,
             num_aborted=self.num_aborted,
         )
+        self.spec_stats.fill(stats)
+        return stats
 
     # ------------------------------------------------------------------ schedule
 
     def schedule(self) -> SchedulerOutput:
         """Build the next batch (see the module docstring for the policy)."""
-        batch = _Batch(token_budget=self.config.max_num_batched_tokens)
+        batch = StepBatch(token_budget=self.config.max_num_batched_tokens)
         self._schedule_running(batch)
         if not batch.preempted_ids:
             self._schedule_waiting(batch)
         return self._to_output(batch)
 
-    def _schedule_running(self, batch: _Batch) -> None:
+    def _schedule_running(self, batch: StepBatch) -> None:
         self.running.sort(key=_rank)
+        speculate = self.spec_policy.step_allows(len(self.running))
         index = 0
         while index < len(self.running) and batch.token_budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
-            if not self._allocate_or_preempt(request, num_new, batch):
+            is_decode = num_new == 1 and request.num_output_tokens > 0
+            num_spec = (
+                self.spec_policy.reserve(request, self.kv_cache, batch.token_budget)
+                if speculate and is_decode
+                else 0
+            )
+            if not num_spec and not self._allocate_or_preempt(request, num_new, batch):
                 break  # it preempted itself: it was the last one
-            self._add_to_batch(batch, request, num_new)
+            self._add_to_batch(batch, request, num_new, num_spec)
             index += 1
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, batch: _Batch) -> bool:
+    def _allocate_or_preempt(self, request: Request, num_new: int, batch: StepBatch) -> bool:
         """Get blocks for a running request, preempting the worst running ones (never one
         scheduled earlier in this step: they rank better). False if it preempted itself."""
         while not self.kv_cache.allocate_slots(request, num_new):
@@ -255,7 +202,7 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_waiting(self, batch: _Batch) -> None:
+    def _schedule_waiting(self, batch: StepBatch) -> None:
         while (
             self.waiting and batch.token_budget > 0 and len(self.running) < self.config.max_num_seqs
         ):
@@ -265,11 +212,14 @@ class Scheduler:
             if not self._try_admit(request, batch):
                 break
 
-    def _try_admit(self, request: Request, batch: _Batch) -> bool:
+    def _try_admit(self, request: Request, batch: StepBatch) -> bool:
         """Admit the head of the queue with its prefix-cache hits, if blocks allow; it may
         preempt running requests of strictly lower priority, worst first (they may already be
         in this batch: they leave it). The lookup is redone after each preemption, since a
-        victim's blocks published in this step are withdrawn."""
+        victim's blocks published in this step are withdrawn. A request whose LoRA adapter
+        would be one too many among the running ones waits."""
+        if not self._lora_fits(request):
+            return False
         while True:
             cached_blocks, num_cached = self.kv_cache.get_computed_blocks(request)
             num_new = self._num_prefill_tokens(request.num_tokens - num_cached, batch)
@@ -285,7 +235,13 @@ class Scheduler:
         self._add_to_batch(batch, request, num_new)
         return True
 
-    def _num_prefill_tokens(self, num_uncomputed: int, batch: _Batch) -> int:
+    def _lora_fits(self, request: Request) -> bool:
+        if request.lora is None:
+            return True
+        running = {r.lora for r in self.running if r.lora is not None}
+        return request.lora in running or len(running) < self.max_loras
+
+    def _num_prefill_tokens(self, num_uncomputed: int, batch: StepBatch) -> int:
         """Tokens of an admitted prefill to run this step; 0 means it must wait."""
         if num_uncomputed <= batch.token_budget:
             return num_uncomputed
@@ -294,10 +250,13 @@ class Scheduler:
             return batch.token_budget
         return 0
 
-    def _add_to_batch(self, batch: _Batch, request: Request, num_new: int) -> None:
+    def _add_to_batch(
+        self, batch: StepBatch, request: Request, num_new: int, num_spec: int = 0
+    ) -> None:
         """Schedule the tokens and publish the blocks they fill in the prefix cache now, so
-        that a request admitted later in this step (n > 1 siblings) already shares them."""
-        batch.add(request, num_new)
+        that a request admitted later in this step (n > 1 siblings) already shares them
+        (speculative slots hold no known tokens: never published)."""
+        batch.add(request, num_new, num_spec)
         self.kv_cache.cache_blocks(request, request.num_computed_tokens + num_new)
 
     def _worst_running(self) -> Request:
@@ -312,7 +271,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)  # ranks after everyone admitted before it this step
 
-    def _preempt(self, request: Request, batch: _Batch) -> None:
+    def _preempt(self, request: Request, batch: StepBatch) -> None:
         """Preempt by recompute: free the blocks, keep the outputs, queue it again."""
         if request.request_id in batch.scheduled:  # its KV for this step will not be written
             self.kv_cache.uncache_blocks(request, request.num_computed_tokens)
@@ -328,22 +287,27 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self._preempted_ids.add(request.request_id)
         self.waiting.push(request, front_of_class=True)
 
-    def _to_output(self, batch: _Batch) -> SchedulerOutput:
+    def _to_output(self, batch: StepBatch) -> SchedulerOutput:
         """Decodes first, then prefill chunks; advance num_computed_tokens for all of them."""
         entries = list(batch.scheduled.values())
         scheduled = [e for e in entries if e.request_id in batch.decode_ids]
         scheduled += [e for e in entries if e.request_id not in batch.decode_ids]
         for entry in scheduled:
-            self.requests[entry.request_id].num_computed_tokens += len(entry.token_ids)
+            request = self.requests[entry.request_id]
+            request.num_computed_tokens += len(entry.token_ids) + entry.num_spec_tokens
         finished: set[str] = set()
+        preempted: set[str] = set()
         if scheduled:  # an empty batch is not executed: keep the ids for the next one
             finished, self._finished_ids = self._finished_ids, set()
+            preempted, self._preempted_ids = self._preempted_ids, set()
         return SchedulerOutput(
             scheduled=scheduled,
-            num_batched_tokens=sum(len(e.token_ids) for e in scheduled),
+            num_batched_tokens=sum(len(e.token_ids) + e.num_spec_tokens for e in scheduled),
             finished_request_ids=finished,
+            preempted_request_ids=preempted,
         )
 
     # ------------------------------------------------------------------ update
@@ -366,12 +330,24 @@ class Scheduler:
             raise RuntimeError(f"runner output has no sampled token for {missing}")
         outputs: list[EngineOutput] = []
         for entry in scheduler_output.scheduled:
-            request = self.requests.get(entry.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # aborted (or preempted) since it was scheduled
-            if entry.sample:
-                logprobs = runner_output.logprobs.get(entry.request_id)
-                outputs.append(self._append_token(request, sampled[entry.request_id], logprobs))
+            if not entry.sample or not self._is_running(entry.request_id):
+                continue  # a non-final prefill chunk, or aborted/preempted since scheduled
+            request = self.requests[entry.request_id]
+            tokens = [sampled[entry.request_id]]
+            if entry.num_spec_tokens:
+                draft = runner_output.drafts.get(entry.request_id)
+                accepted = self.spec_stats.settle(request, entry, draft, self.kv_cache)
+                tokens = [*accepted, *tokens]
+            output, status = append_tokens(
+                request,
+                tokens,
+                runner_output.logprobs.get(entry.request_id),
+                eos_token_ids=self.eos_token_ids,
+                max_model_len=self.max_model_len,
+            )
+            if status is not None:
+                self._finish(request, status)
+            outputs.append(output)
         return outputs
 
     def discard(self, scheduler_output: SchedulerOutput) -> None:
@@ -405,55 +381,12 @@ class Scheduler:
             self.kv_cache.uncache_blocks(request, starts[request_id])
             self._finish(request, RequestStatus.FINISHED_ERROR)
             self.num_failed_requests += 1
-            outputs.append(
-                EngineOutput(
-                    request_id=request_id,
-                    new_token_ids=[],
-                    finish_reason=FinishReason.ERROR,
-                    error=error,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                )
-            )
+            outputs.append(error_output(request, error))
         return outputs
-
-    def _append_token(
-        self, request: Request, token_id: int, logprobs: TokenLogprobs | None
-    ) -> EngineOutput:
-        request.append_output_token(token_id)
-        status = self._check_stop(request, token_id)
-        if status is not None:
-            self._finish(request, status)
-        want_logprobs = logprobs is not None and request.sampling_params.logprobs is not None
-        return EngineOutput(
-            request_id=request.request_id,
-            new_token_ids=[token_id],
-            new_logprobs=[logprobs] if want_logprobs and logprobs is not None else None,
-            finish_reason=status.finish_reason if status is not None else None,
-            stop_reason=request.stop_reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=request.num_cached_tokens,
-            first_scheduled_time=(
-                request.first_scheduled_time if request.num_output_tokens == 1 else None
-            ),
-        )
 
     def _is_running(self, request_id: str) -> bool:
         request = self.requests.get(request_id)
         return request is not None and request.status is RequestStatus.RUNNING
-
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_output_tokens - 1 >= params.min_tokens:
-            if token_id in params.stop_token_ids:
-                request.stop_reason = token_id
-                return RequestStatus.FINISHED_STOPPED
-            if not params.ignore_eos and token_id in self.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Leave the scheduler now: free the blocks, tell the runner with the next batch."""

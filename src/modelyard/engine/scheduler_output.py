@@ -8,7 +8,8 @@ A step is one batch that mixes prefill chunks and decodes: there is no separate 
 For a request, the runner computes the KV of `token_ids` at positions
 `[start_position, start_position + len(token_ids))`, writes it into the slots given by
 `block_table`, and, when `sample` is true, samples one new token from the logits of the last
-position.
+position. A decode with `num_spec_tokens` > 0 may also carry proposed tokens, verified in the
+same forward (engine.spec_decode).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from modelyard.engine.messages import TokenLogprobs
+from modelyard.engine.messages import LoRARequest, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -42,6 +43,12 @@ class ScheduledRequest:
     """The prompt, for repetition penalties (a reference, not a copy)."""
     output_token_ids: Sequence[int]
     """Tokens generated so far, for penalties and min_tokens (a reference, not a copy)."""
+    lora: LoRARequest | None = None
+    """The adapter whose deltas the request's rows get (None: the base model)."""
+    num_spec_tokens: int = 0
+    """Speculative slots reserved after token_ids (a decode only): the runner may propose up
+    to this many tokens, run them after token_ids at the next positions and verify them
+    (see engine.spec_decode). 0 = a plain step."""
 
 
 @dataclass(slots=True)
@@ -57,9 +64,28 @@ class SchedulerOutput:
     drops any per-request state it keeps for them (e.g. seeded generators are kept across
     preemption: only finished/aborted ids appear here)."""
 
+    preempted_request_ids: set[str] = field(default_factory=set)
+    """Requests preempted since the previous step: their KV blocks are gone, so the runner
+    drops any state about their cache contents (e.g. a draft model's progress)."""
+
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+@dataclass(slots=True)
+class DraftResult:
+    """The verification of one request's proposed tokens."""
+
+    draft_token_ids: list[int]
+    """The tokens the proposer put in the request's speculative slots (<= num_spec_tokens)."""
+    num_accepted: int
+    """How many of them, from the first, the target accepted; they precede the request's
+    sampled token in the output."""
+
+    @property
+    def accepted_token_ids(self) -> list[int]:
+        return self.draft_token_ids[: self.num_accepted]
 
 
 @dataclass(slots=True)
@@ -70,6 +96,10 @@ class RunnerOutput:
     """request id -> the token sampled this step; only for ScheduledRequest.sample == True."""
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     """request id -> logprobs of the sampled position, for requests with params.logprobs set."""
+    drafts: dict[str, DraftResult] = field(default_factory=dict)
+    """request id -> its verified proposal, for requests with num_spec_tokens > 0 (missing or
+    empty: nothing was proposed). The sampled token is the target's token after the accepted
+    ones."""
 
 
 class StepRunner(Protocol):

@@ -35,6 +35,7 @@ import psutil
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import (
     AbortRequests,
+    DropLoRAs,
     EngineCommand,
     EngineFailed,
     EngineOutput,
@@ -91,6 +92,7 @@ class Core(Protocol):
 
     def abort_requests(self, request_ids: list[str]) -> None: ...
 
+    def drop_loras(self, names: list[str]) -> None: ...
     def pin_prefix(self, command: PinPrefix) -> None: ...
 
     def unpin_prefixes(self, prefix_ids: list[str]) -> None: ...
@@ -136,7 +138,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     from modelyard.engine.fault_drill import with_poison
     from modelyard.runner.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache)
+    runner = ModelRunner(config.model, config.cache, config.speculative, config.lora)
     core = EngineCore(config, with_poison(runner, config.model.poison_token_ids))
     ready = EngineReady(
         num_blocks=runner.num_kv_blocks,
@@ -233,6 +235,8 @@ def _apply(core: Core, command: EngineCommand, live: set[str], conn: WorkerConne
     elif isinstance(command, AbortRequests):
         core.abort_requests(command.request_ids)
         live.difference_update(command.request_ids)
+    elif isinstance(command, DropLoRAs):
+        core.drop_loras(command.names)
     elif isinstance(command, UnpinPrefixes):
         core.unpin_prefixes(command.prefix_ids)
 

@@ -66,6 +66,20 @@ class Catalog:
                 owner = self._names.setdefault(name, spec.id)
                 if owner != spec.id:
                     raise ValueError(f"name {name!r} used by both {owner!r} and {spec.id!r}")
+        for spec in specs:
+            self._specs[spec.id] = self._with_draft_source(spec)
+
+    def _with_draft_source(self, spec: ModelSpec) -> ModelSpec:
+        """An LLM whose `draft` option names another catalog LLM gets that model's source as
+        the `draft_source` option (ngram and self need no model)."""
+        draft = spec.options.get("draft")
+        if draft is None or draft in ("ngram", "self") or not spec.kind.is_llm:
+            return spec
+        draft_spec = self._specs.get(self._names.get(str(draft), ""))
+        if draft_spec is None or not draft_spec.kind.is_llm or draft_spec.id == spec.id:
+            raise ValueError(f"{spec.id}: draft {draft!r} is not another LLM of the catalog")
+        options = {**spec.options, "draft_source": draft_spec.source}
+        return dataclasses.replace(spec, options=options)
 
     def resolve(self, name: str) -> ModelSpec:
         """The spec for an id, name or alias; ModelNotFoundError otherwise."""

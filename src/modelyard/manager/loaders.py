@@ -77,7 +77,9 @@ def estimate_bytes(spec: ModelSpec) -> int:
     if spec.kind.is_llm:
         kv = int(spec.options.get("kv_cache_bytes", CacheConfig.kv_cache_bytes))
         factor = 6 if spec.source.endswith(".gguf") else 1
-        return WORKER_OVERHEAD_BYTES + weights * factor + kv
+        draft = str(spec.options.get("draft_source", ""))
+        draft_weights = _source_bytes(draft) * (6 if draft.endswith(".gguf") else 1) if draft else 0
+        return WORKER_OVERHEAD_BYTES + weights * factor + draft_weights + kv
     return WORKER_OVERHEAD_BYTES + int(weights * 1.5)
 
 
@@ -123,6 +125,14 @@ class LLMModel:
 def engine_config_for(spec: ModelSpec) -> EngineConfig:
     """An LLM catalog entry's engine: its source and options (ValueError for a bad option)."""
     return EngineConfig.from_options(spec.source, spec.options, where=f"models.{spec.id}.options")
+
+
+def lora_modules_of(spec: ModelSpec) -> dict[str, str]:
+    """The LoRA adapters an LLM entry declares: {adapter name: PEFT folder}."""
+    modules = spec.options.get("lora_modules") or {}
+    if not isinstance(modules, dict):
+        raise ValueError(f"{spec.id}: lora_modules must map adapter names to folders")
+    return {str(name): str(path) for name, path in modules.items()}
 
 
 class ProcessLoader:

@@ -8,9 +8,11 @@ right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
 - sets the gauges `num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`,
   `pinned_prefix_blocks`, `pinned_prefixes`;
 - turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
-  `prefix_cache_hits`, `num_preemptions`, `pinned_prefix_hits`, `num_failed_requests`) into
-  increments of the Prometheus counters, by remembering the last value seen per model. A value
-  lower than the last one means the engine restarted: the new value counts in full (what Prometheus'
+  `prefix_cache_hits`, `num_preemptions`, `pinned_prefix_hits`, `num_failed_requests`,
+  `lora_loads`, and the `spec_decode_*` ones of a model that speculates, labelled with its
+  proposer) into increments of the Prometheus counters, by remembering the last value seen per
+  model. A value lower than the last one means the engine restarted: the new value counts in
+  full (what Prometheus'
   `rate()` assumes after a reset);
 - removes the gauge series of models no longer loaded (counters keep their totals).
 """
@@ -28,6 +30,10 @@ from modelyard.engine.messages import SchedulerStats
 from modelyard.observability.metrics import (
     ENGINE_FAILED_REQUESTS,
     KV_CACHE_USAGE,
+    LORA_LOAD_SECONDS,
+    LORA_LOADS,
+    LORA_RESIDENT_ADAPTERS,
+    LORA_RESIDENT_BYTES,
     NUM_PREEMPTIONS,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
@@ -36,6 +42,10 @@ from modelyard.observability.metrics import (
     PINNED_PREFIXES,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_QUERIES,
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
+    SPEC_DECODE_NUM_DRAFT_TOKENS,
+    SPEC_DECODE_NUM_DRAFTS,
 )
 
 EngineStatsSource = Callable[[], dict[str, SchedulerStats]]
@@ -48,6 +58,7 @@ _CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("num_preemptions", NUM_PREEMPTIONS),
     ("pinned_prefix_hits", PINNED_PREFIX_HITS),
     ("num_failed_requests", ENGINE_FAILED_REQUESTS),
+    ("lora_loads", LORA_LOADS),
 )
 _GAUGES = (
     NUM_REQUESTS_RUNNING,
@@ -55,6 +66,13 @@ _GAUGES = (
     KV_CACHE_USAGE,
     PINNED_PREFIX_BLOCKS,
     PINNED_PREFIXES,
+    LORA_RESIDENT_ADAPTERS,
+    LORA_RESIDENT_BYTES,
+)
+_SPEC_CUMULATIVE: tuple[tuple[str, Counter], ...] = (
+    ("spec_decode_num_drafts", SPEC_DECODE_NUM_DRAFTS),
+    ("spec_decode_num_draft_tokens", SPEC_DECODE_NUM_DRAFT_TOKENS),
+    ("spec_decode_num_accepted_tokens", SPEC_DECODE_NUM_ACCEPTED_TOKENS),
 )
 
 
@@ -104,18 +122,43 @@ class EngineStatsCollector:
         NUM_REQUESTS_RUNNING.labels(model=model).set(stats.num_running)
         NUM_REQUESTS_WAITING.labels(model=model).set(stats.num_waiting)
         KV_CACHE_USAGE.labels(model=model).set(stats.kv_cache_usage)
+        LORA_RESIDENT_ADAPTERS.labels(model=model).set(len(stats.lora_resident))
+        LORA_RESIDENT_BYTES.labels(model=model).set(stats.lora_resident_bytes)
         PINNED_PREFIX_BLOCKS.labels(model=model).set(stats.num_pinned_blocks)
         PINNED_PREFIXES.labels(model=model).set(stats.num_pinned_prefixes)
 
     def _add_increments(self, model: str, stats: SchedulerStats) -> None:
         last = self._last.setdefault(model, {})
         for name, counter in _CUMULATIVE:
-            value = int(getattr(stats, name))
-            previous = last.get(name, 0)
-            increment = value - previous if value >= previous else value
-            if increment > 0:
-                counter.labels(model=model).inc(increment)
-            last[name] = value
+            _increment(last, name, int(getattr(stats, name)), counter.labels(model=model))
+        LORA_LOAD_SECONDS.labels(model=model).inc(
+            _gain(last, "lora_load_ms", round(stats.lora_load_seconds * 1000)) / 1000
+        )
+        method = stats.spec_decode_method
+        if not method:
+            return
+        for name, counter in _SPEC_CUMULATIVE:
+            child = counter.labels(model=model, method=method)
+            _increment(last, name, int(getattr(stats, name)), child)
+        for position, value in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            child = SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS.labels(
+                model=model, method=method, position=str(position)
+            )
+            _increment(last, f"spec_decode_pos_{position}", value, child)
+
+
+def _increment(last: dict[str, int], name: str, value: int, counter: Counter) -> None:
+    """Add what a cumulative value gained since the last scrape (all of it after a reset)."""
+    increment = _gain(last, name, value)
+    if increment > 0:
+        counter.inc(increment)
+
+
+def _gain(last: dict[str, int], name: str, value: int) -> int:
+    """What a cumulative value gained since the last scrape (all of it after a reset)."""
+    previous = last.get(name, 0)
+    last[name] = value
+    return value - previous if value >= previous else value
 
 
 ENGINE_STATS = EngineStatsCollector()

@@ -121,6 +121,30 @@ PINNED_PREFIXES = Gauge(P + "pinned_prefixes", "Live pinned prefixes.", ["model"
 PINNED_PREFIX_HITS = Counter(
     P + "pinned_prefix_hits", "Requests that reused the blocks of a pinned prefix.", ["model"]
 )
+LORA_RESIDENT_ADAPTERS = Gauge(
+    P + "lora_resident_adapters", "LoRA adapters loaded in the engine's memory.", ["model"]
+)
+LORA_RESIDENT_BYTES = Gauge(
+    P + "lora_resident_bytes", "Memory of the loaded LoRA adapters (and their slots).", ["model"]
+)
+LORA_LOADS = Counter(P + "lora_loads", "LoRA adapters read from disk.", ["model"])
+LORA_LOAD_SECONDS = Counter(
+    P + "lora_load_seconds", "Time spent reading LoRA adapters and packing slots.", ["model"]
+)
+SPEC_DECODE_NUM_DRAFTS = Counter(
+    P + "spec_decode_num_drafts", "Speculative verifications of >= 1 token.", ["model", "method"]
+)
+SPEC_DECODE_NUM_DRAFT_TOKENS = Counter(
+    P + "spec_decode_num_draft_tokens", "Proposed (draft) tokens.", ["model", "method"]
+)
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = Counter(
+    P + "spec_decode_num_accepted_tokens", "Proposed tokens accepted.", ["model", "method"]
+)
+SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = Counter(
+    P + "spec_decode_num_accepted_tokens_per_pos",
+    "Proposed tokens accepted, per draft position.",
+    ["model", "method", "position"],
+)
 
 # ------------------------------------------------------------------ model manager
 MODEL_LOAD_LATENCY = Histogram(

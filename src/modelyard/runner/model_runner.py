@@ -7,18 +7,30 @@ one place, `choose_implementation`. Each `execute`:
    metadata once (slot mapping, block tables, masks); generic: runs request by request;
 3. computes logits only for the last token of each request with sample=True;
 4. samples them (runner.sampler) and returns token ids (+ logprobs).
+
+With speculative decoding (native only), a proposer first fills the speculative slots of the
+step's decodes (runner.spec_decode); their tokens run after the decode's own token in the same
+forward, logits come from every one of those rows, and `spec_decode.verify` turns them into
+accepted drafts plus the target's next token.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from contextlib import AbstractContextManager
 from typing import Literal
 
 import torch
 
-from modelyard.engine.config import CacheConfig, ModelConfig
-from modelyard.engine.scheduler_output import RunnerOutput, ScheduledRequest, SchedulerOutput
+from modelyard.engine.config import CacheConfig, LoRAConfig, ModelConfig, SpeculativeConfig
+from modelyard.engine.messages import LoRARequest, SchedulerStats
+from modelyard.engine.scheduler_output import (
+    DraftResult,
+    RunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.kernel_config import kernel_config
@@ -26,6 +38,8 @@ from modelyard.runner.loader import ResolvedModel, resolve_model
 from modelyard.runner.models.hf_generic import GenericModel
 from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.sampler import Sampler
+from modelyard.runner.spec_decode import Proposer, build_proposer, resolve_draft
+from modelyard.runner.spec_decode.verify import verify
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +72,13 @@ class ModelRunner:
     EngineReady), plus the StepRunner properties num_kv_blocks, max_model_len, eos_token_ids.
     """
 
-    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cache_config: CacheConfig,
+        speculative: SpeculativeConfig | None = None,
+        lora: LoRAConfig | None = None,
+    ) -> None:
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
         self.resolved = resolve_model(model_config.model)
@@ -72,7 +92,12 @@ class ModelRunner:
         self.tokenizer_path = str(self.resolved.tokenizer_path)
         self._max_model_len = _max_model_len(config, model_config.max_model_len)
         self._eos_token_ids = _eos_token_ids(self.resolved)
+        if (speculative is not None or lora is not None) and self.implementation != "native":
+            raise ValueError("speculative decoding and LoRA need the native implementation")
+        draft = resolve_draft(speculative, self.resolved)
         per_block = LlamaModel.kv_bytes_per_block(config, self.dtype, self.block_size)
+        if draft is not None:  # the draft's KV tensors share the target's block ids
+            per_block += LlamaModel.kv_bytes_per_block(draft.config, self.dtype, self.block_size)
         self._num_blocks = cache_config.num_blocks or cache_config.kv_cache_bytes // per_block
         if self._num_blocks < 1:
             raise ValueError("kv_cache_bytes is smaller than one KV block")
@@ -87,12 +112,43 @@ class ModelRunner:
                     num_blocks=self._num_blocks,
                     block_size=self.block_size,
                     max_model_len=self._max_model_len,
+                    lora=lora,
                 )
             else:
                 self._generic = GenericModel(
                     self.resolved.path, self.resolved.architecture, self.dtype
                 )
         self.sampler = Sampler(self._eos_token_ids)
+        self.proposer: Proposer | None = None
+        if speculative is not None and self._native is not None:
+            self.proposer = build_proposer(
+                speculative,
+                self._native,
+                draft,
+                num_blocks=self._num_blocks,
+                max_model_len=self._max_model_len,
+                team=_TEAM,
+            )
+
+    def check_lora(self, lora: LoRARequest) -> None:
+        """Load the adapter (ValueError when it does not fit this model or LoRA is off)."""
+        if self._native is None or self._native.lora is None:
+            raise ValueError("this model serves no LoRA adapters")
+        with torch.inference_mode():
+            self._native.lora.check(lora)
+
+    def drop_loras(self, names: list[str]) -> None:
+        if self._native is not None and self._native.lora is not None:
+            with torch.inference_mode():
+                self._native.lora.drop(names)
+
+    def fill_lora_stats(self, stats: SchedulerStats) -> None:
+        lora = self._native.lora if self._native is not None else None
+        if lora is not None:
+            stats.lora_resident = lora.resident
+            stats.lora_resident_bytes = lora.resident_bytes
+            stats.lora_loads = lora.stats.loads
+            stats.lora_load_seconds = lora.stats.load_seconds
 
     @property
     def num_kv_blocks(self) -> int:
@@ -111,32 +167,84 @@ class ModelRunner:
         return int(self.resolved.config.vocab_size)
 
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
-        """Run one step; sample for the requests with sample=True."""
-        self.sampler.forget(scheduler_output.finished_request_ids)
-        if self._generic is not None:
-            self._generic.forget(scheduler_output.finished_request_ids)
+        """Run one step; sample for the requests with sample=True (and verify proposals)."""
+        self._forget(scheduler_output)
         scheduled = scheduler_output.scheduled
-        if not scheduled:
-            return RunnerOutput()
-        with torch.inference_mode():
-            logits = self._logits(scheduled)  # (S, V)
-            sampled = [r for r in scheduled if r.sample]
-            if not sampled:
-                return RunnerOutput()
-            tokens, logprobs = self.sampler.sample(logits, sampled)
         out = RunnerOutput()
-        for req, token, lp in zip(sampled, tokens, logprobs, strict=True):
-            out.sampled_token_ids[req.request_id] = token
-            if lp is not None:
-                out.logprobs[req.request_id] = lp
+        if not scheduled:
+            return out
+        with torch.inference_mode():
+            drafts = self._propose(scheduled)
+            logits = self._logits(scheduled, drafts)  # (S + proposed tokens, V)
+            sampled = [r for r in scheduled if r.sample]
+            plain = [r for r in sampled if r.request_id not in drafts]
+            if len(plain) < len(sampled):
+                first_rows = self._verify(logits, sampled, drafts, out)
+                logits = logits[first_rows]  # the plain requests' rows
+            if plain:
+                tokens, logprobs = self.sampler.sample(logits, plain)
+                for req, token, lp in zip(plain, tokens, logprobs, strict=True):
+                    out.sampled_token_ids[req.request_id] = token
+                    if lp is not None:
+                        out.logprobs[req.request_id] = lp
         return out
 
-    def _logits(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
+    def _forget(self, scheduler_output: SchedulerOutput) -> None:
+        finished = scheduler_output.finished_request_ids
+        self.sampler.forget(finished)
+        if self._generic is not None:
+            self._generic.forget(finished)
+        if self.proposer is not None:
+            self.proposer.forget(finished | scheduler_output.preempted_request_ids)
+
+    def _propose(self, scheduled: list[ScheduledRequest]) -> dict[str, list[int]]:
+        """Proposed tokens for the requests with speculative slots (none without a proposer)."""
+        speculating = [r for r in scheduled if r.num_spec_tokens]
+        if self.proposer is None or not speculating:
+            return {}
+        return self.proposer.propose(speculating)
+
+    def _verify(
+        self,
+        logits: torch.Tensor,
+        sampled: list[ScheduledRequest],
+        drafts: dict[str, list[int]],
+        out: RunnerOutput,
+    ) -> torch.Tensor:
+        """Verify the requests with drafts into `out` (rows of `logits`: per sampled request,
+        one per proposed token plus one); return the rows of the others. Requests with drafts
+        never ask for logprobs (engine.spec_decode)."""
+        spans: list[int] = []  # rows of the requests with drafts
+        plain_rows: list[int] = []
+        row = 0
+        for r in sampled:
+            n = 1 + len(drafts.get(r.request_id, ()))
+            (spans if r.request_id in drafts else plain_rows).extend(range(row, row + n))
+            row += n
+        checked = [r for r in sampled if r.request_id in drafts]
+        draft_lists = [drafts[r.request_id] for r in checked]
+        spec_logits = logits[torch.tensor(spans, dtype=torch.long)]
+        for req, draft, (num_accepted, token) in zip(
+            checked,
+            draft_lists,
+            verify(self.sampler, spec_logits, checked, draft_lists),
+            strict=True,
+        ):
+            out.sampled_token_ids[req.request_id] = token
+            out.drafts[req.request_id] = DraftResult(draft, num_accepted)
+            if self.proposer is not None:
+                self.proposer.verified(req, num_accepted)
+        return torch.tensor(plain_rows, dtype=torch.long)
+
+    def _logits(
+        self, scheduled: list[ScheduledRequest], drafts: dict[str, list[int]]
+    ) -> torch.Tensor:
         if self._generic is not None:
             return self._generic.forward(scheduled)
         if self._native is None:  # pragma: no cover - constructor sets one of them
             raise RuntimeError("no model loaded")
-        lengths = [len(r.token_ids) for r in scheduled]
+        tokens = [[*r.token_ids, *drafts.get(r.request_id, ())] for r in scheduled]
+        lengths = [len(t) for t in tokens]
         meta = AttentionMetadata.build(
             [r.start_position for r in scheduled],
             lengths,
@@ -144,17 +252,24 @@ class ModelRunner:
             self.block_size,
             self._native.sliding_window,
         )
-        input_ids = torch.tensor(
-            [t for r in scheduled for t in r.token_ids], dtype=torch.long
-        )  # (T,)
-        ends, row = [], 0
+        input_ids = torch.tensor([t for ts in tokens for t in ts], dtype=torch.long)  # (T,)
+        rows: list[int] = []
+        end = 0
         for r, n in zip(scheduled, lengths, strict=True):
-            row += n
-            if r.sample:
-                ends.append(row - 1)
-        sample_rows = torch.tensor(ends, dtype=torch.long)  # (S,)
-        with kernels.team(meta.all_decodes and _TEAM):
+            end += n
+            if r.sample:  # the last real token's row, then one per proposed token
+                rows.extend(range(end - 1 - len(drafts.get(r.request_id, ())), end))
+        sample_rows = torch.tensor(rows, dtype=torch.long)  # (S + proposed,)
+        lora_rows = [(r.lora, n) for r, n in zip(scheduled, lengths, strict=True)]
+        with kernels.team(meta.all_decodes and _TEAM), self._lora_step(lora_rows):
             return self._native.forward(input_ids, meta, sample_rows)
+
+    def _lora_step(
+        self, rows: list[tuple[LoRARequest | None, int]]
+    ) -> AbstractContextManager[None]:
+        """The adapters of this forward's rows (nothing to do without LoRA)."""
+        lora = self._native.lora if self._native is not None else None
+        return lora.step(rows) if lora is not None else contextlib.nullcontext()
 
 
 def _max_model_len(config: object, requested: int | None) -> int:

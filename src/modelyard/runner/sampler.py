@@ -60,6 +60,32 @@ class Sampler:
         tokens = self._choose(logits, requests)
         return tokens, _collect_logprobs(raw_logprobs, params, tokens)
 
+    def target_distributions(
+        self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Steps 3-6 without the draw, for verifying proposed tokens: logits (B, V) ->
+        (argmax of the penalized logits (B,) — the greedy rows' tokens, probabilities (B, V)
+        of every row, or None when every row is greedy). Row i's output_token_ids must hold
+        the tokens before its position."""
+        if all(_is_plain_greedy(r) for r in requests):
+            return _argmax(logits), None
+        logits = logits.to(torch.float32, copy=True)
+        self._apply_min_tokens(logits, requests)
+        _apply_penalties(logits, requests)
+        tokens = _argmax(logits)
+        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if not rows:
+            return tokens, None
+        probs = torch.zeros_like(logits)  # greedy rows stay 0: their token is the argmax
+        index = torch.tensor(rows, dtype=torch.long)
+        probs[index] = _probabilities(logits[index], [requests[i].sampling_params for i in rows])
+        return tokens, probs
+
+    def generator(self, request: ScheduledRequest) -> torch.Generator | None:
+        """The request's seeded generator (None: torch's global one)."""
+        seed = request.sampling_params.seed
+        return None if seed is None else self._generator(request.request_id, seed)
+
     def _apply_min_tokens(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> None:
         for i, req in enumerate(requests):
             p = req.sampling_params

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from modelyard.engine.messages import FinishReason, SchedulerStats, TokenLogprobs
+from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.protocol import (
     CompletionDelta,
     EngineOverloadedError,
@@ -43,6 +43,7 @@ class Call:
     params: SamplingParams
     request_id: str
     priority: int
+    lora: LoRARequest | None = None
 
 
 @dataclass
@@ -59,6 +60,7 @@ class FakeLLM:
     calls: list[Call] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     closed_early: list[str] = field(default_factory=list)
+    dropped_loras: list[str] = field(default_factory=list)
     live: set[str] = field(default_factory=set)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -98,15 +100,30 @@ class FakeLLM:
         request_id: str,
         *,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        return self._generate(prompt, params, request_id, priority)
+        return self._generate(prompt, params, request_id, priority, lora)
+
+    async def drop_loras(self, names: list[str]) -> None:
+        self.dropped_loras.extend(names)
 
     async def _generate(
-        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str, priority: int
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         text = prompt if isinstance(prompt, str) else "".join(chr(t) for t in prompt)
         self.calls.append(
-            Call(text if isinstance(prompt, str) else list(prompt), params, request_id, priority)
+            Call(
+                text if isinstance(prompt, str) else list(prompt),
+                params,
+                request_id,
+                priority,
+                lora,
+            )
         )
         if self.overload:
             raise EngineOverloadedError("queue full", retry_after_s=2.0)

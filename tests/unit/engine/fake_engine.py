@@ -34,13 +34,15 @@ class _Running:
 
 @dataclass
 class FakeCore:
-    """Generates one token per step per running request: script[request_id] if given, else the
+    """Generates `tokens_per_step` tokens (1: plain decoding; more: like an accepted
+    speculative run) per step per running request: script[request_id] if given, else the
     prompt ids cycled. Finishes with LENGTH at max_tokens or STOP at the script's end."""
 
     capacity: int = 8  # requests running at once; the rest wait (0: nothing ever runs)
     step_delay_s: float = 0.0
     num_blocks: int = 100
     script: dict[str, list[int]] = field(default_factory=dict)
+    tokens_per_step: int = 1
     fail_next_step: bool = False
     killed: bool = False
     added: list[EngineRequest] = field(default_factory=list)
@@ -104,18 +106,20 @@ class FakeCore:
         if first:
             state.scheduled_at = time.time()
         ids = self.script.get(rid) or req.prompt_token_ids
-        token = ids[state.produced % len(ids)]
-        state.produced += 1
+        tokens: list[int] = []
         finish = None
-        if rid in self.script and state.produced >= len(ids):
-            finish = FinishReason.STOP
-        elif state.produced >= (req.sampling_params.max_tokens or 10**9):
-            finish = FinishReason.LENGTH
+        while finish is None and len(tokens) < self.tokens_per_step:
+            tokens.append(ids[state.produced % len(ids)])
+            state.produced += 1
+            if rid in self.script and state.produced >= len(ids):
+                finish = FinishReason.STOP
+            elif state.produced >= (req.sampling_params.max_tokens or 10**9):
+                finish = FinishReason.LENGTH
         if finish is not None:
             del self.requests[rid]
         return EngineOutput(
             request_id=rid,
-            new_token_ids=[token],
+            new_token_ids=tokens,
             finish_reason=finish,
             num_prompt_tokens=len(req.prompt_token_ids),
             first_scheduled_time=state.scheduled_at if first else None,

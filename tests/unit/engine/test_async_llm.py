@@ -101,6 +101,23 @@ async def test_stop_string_trims_text_and_aborts_engine_request() -> None:
         await llm.shutdown()
 
 
+async def test_a_stop_string_inside_a_multi_token_output_keeps_the_tokens_up_to_it() -> None:
+    tok = build_tokenizer()
+    script = tok.encode("one two three four five six seven")
+    core = FakeCore(tokens_per_step=4, script={"s": script})
+    llm, _ = await make_llm(core)
+    try:
+        outs = await collect(llm.generate("Hi", SamplingParams(stop=["three"], max_tokens=40), "s"))
+        ids = [t for o in outs for d in o.deltas for t in d.token_ids]
+        upto = next(i for i in range(1, len(script) + 1) if "three" in tok.decode(script[:i]))
+        assert ids == script[:upto]
+        assert upto % 4 != 0  # the stop string ends inside a step's output
+        assert "".join(d.text for o in outs for d in o.deltas) == "one two "
+        assert outs[-1].num_generated_tokens == upto
+    finally:
+        await llm.shutdown()
+
+
 async def test_early_close_aborts_in_engine() -> None:
     core = FakeCore(step_delay_s=0.01)
     llm, _ = await make_llm(core)

@@ -386,3 +386,12 @@ def test_the_fault_drill_fails_the_step_holding_the_poison_token() -> None:
         next_token("clean", 3),
         next_token("clean", 4),
     ]
+
+
+def test_the_fault_drill_keeps_the_rest_of_the_runner() -> None:
+    from modelyard.engine.fault_drill import with_poison
+
+    runner = FakeKVRunner(num_kv_blocks=8)
+    poisoned = with_poison(runner, [POISON])
+    assert poisoned is not runner
+    assert poisoned.slots is runner.slots  # type: ignore[attr-defined]  # e.g. check_lora

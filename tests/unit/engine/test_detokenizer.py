@@ -93,3 +93,25 @@ def test_hold_back_is_longest_stop_minus_one() -> None:
     out = detok.update(tok.encode("Hello world"), finished=False)
     assert out.text == "Hello wo"
     assert detok.update([], finished=True).text == "rld"
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_string_inside_a_multi_token_update_keeps_the_tokens_up_to_it(
+    include: bool,
+) -> None:
+    tok = build_tokenizer()
+    ids = tok.encode("one two three four five")
+    params = SamplingParams(stop=["three"], include_stop_str_in_output=include)
+    one_at_a_time = IncrementalDetokenizer(tok, [], params)
+    used = 0
+    text = ""
+    for token in ids:
+        out = one_at_a_time.update([token], finished=False)
+        used, text = used + 1, text + out.text
+        if out.stop_string is not None:
+            break
+    detok = IncrementalDetokenizer(tok, [], params)
+    out = detok.update(ids, finished=False)  # e.g. an accepted speculative run
+    assert out.stop_string == "three"
+    assert out.num_tokens == used < len(ids)
+    assert out.text == text == ("one two three" if include else "one two ")

@@ -48,6 +48,8 @@ def test_outputs_become_deltas_per_completion_and_a_stop_string_ends_one() -> No
     assert by_index[0].text == " The capital of France is "
     assert by_index[0].finish_reason is FinishReason.STOP
     assert by_index[0].stop_reason == "Paris"
+    upto = next(i for i in range(len(text) + 1) if "Paris" in tok.decode(text[:i]))
+    assert by_index[0].token_ids == text[:upto]  # none after the stop string
     held_back = by_index[1].text  # the end may start a stop string: held back until known
     assert state.take_stopped() == ["r-0"]  # the engine still runs it: the caller aborts
     assert state.take_stopped() == []
@@ -57,7 +59,7 @@ def test_outputs_become_deltas_per_completion_and_a_stop_string_ends_one() -> No
     assert last is not None
     assert last.finished
     assert held_back + last.deltas[0].text == tok.decode(text[:2])
-    assert last.num_generated_tokens == len(text) + 2
+    assert last.num_generated_tokens == upto + 2
     assert state.unfinished_ids() == []
 
 

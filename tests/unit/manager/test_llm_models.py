@@ -103,3 +103,41 @@ def test_admission_limits_and_unknown_engine_options() -> None:
     assert engine_config_for(chat_spec()).admission == AdmissionConfig()
     with pytest.raises(ValueError, match="max_num_seq"):
         engine_config_for(chat_spec(options={"max_num_seq": 8}))
+
+
+def test_speculative_decoding_options_and_a_draft_named_by_catalog_id() -> None:
+    assert engine_config_for(chat_spec()).speculative is None
+    ngram = engine_config_for(chat_spec(options={"draft": "ngram", "prompt_lookup_max": 6}))
+    assert (ngram.speculative.method, ngram.speculative.prompt_lookup_max) == ("ngram", 6)
+    own = engine_config_for(chat_spec(options={"draft": "self", "draft_layers": 5}))
+    assert (own.speculative.method, own.speculative.draft_layers) == ("self_draft", 5)
+    small = ModelSpec(id="small", kind=ModelKind.CHAT, backend="llm", source="small-folder")
+    big = chat_spec(
+        options={
+            "draft": "small",
+            "num_speculative_tokens": 6,
+            "speculative_long_output_tokens": 32,
+            "speculative_disable_by_batch_size": 4,
+        }
+    )
+    catalog = Catalog([small, big])
+    config = engine_config_for(catalog.resolve(big.id)).speculative
+    assert (config.method, config.draft_model) == ("draft", "small-folder")
+    assert (config.num_speculative_tokens, config.long_output_tokens) == (6, 32)
+    assert config.disable_by_batch_size == 4
+    with pytest.raises(ValueError, match="not another LLM"):
+        Catalog([chat_spec(options={"draft": "missing"})])
+
+
+def test_lora_options_turn_adapters_on() -> None:
+    from modelyard.manager.loaders import lora_modules_of
+
+    assert engine_config_for(chat_spec()).lora is None
+    spec = chat_spec(
+        options={"lora_modules": {"finance": "/a/finance"}, "max_loras": 8, "max_lora_rank": 32}
+    )
+    lora = engine_config_for(spec).lora
+    assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras) == (8, 32, 16)
+    assert lora_modules_of(spec) == {"finance": "/a/finance"}
+    with pytest.raises(ValueError, match="lora_modules"):
+        lora_modules_of(chat_spec(options={"lora_modules": ["finance"]}))

@@ -64,3 +64,31 @@ def test_a_failing_source_does_not_break_the_scrape() -> None:
     collector.register(lambda: {"ok-model": SchedulerStats(num_running=7)})
     collector.refresh()
     assert sample("modelyard:num_requests_running", model="ok-model") == 7
+
+
+def test_spec_decode_counters_are_labelled_with_the_proposer() -> None:
+    model = "collector-spec-model"
+    labels = {"model": model, "method": "ngram"}
+    state: dict[str, SchedulerStats] = {}
+    collector = EngineStatsCollector()
+    collector.register(lambda: dict(state))
+    d0 = sample("modelyard:spec_decode_num_drafts_total", **labels)
+    t0 = sample("modelyard:spec_decode_num_draft_tokens_total", **labels)
+    a0 = sample("modelyard:spec_decode_num_accepted_tokens_total", **labels)
+    p0 = sample("modelyard:spec_decode_num_accepted_tokens_per_pos_total", **labels, position="1")
+    state[model] = SchedulerStats(
+        spec_decode_method="ngram",
+        spec_decode_num_drafts=4,
+        spec_decode_num_draft_tokens=16,
+        spec_decode_num_accepted_tokens=6,
+        spec_decode_num_accepted_tokens_per_pos=[4, 2],
+    )
+    collector.refresh()
+    collector.refresh()
+    assert sample("modelyard:spec_decode_num_drafts_total", **labels) - d0 == 4
+    assert sample("modelyard:spec_decode_num_draft_tokens_total", **labels) - t0 == 16
+    assert sample("modelyard:spec_decode_num_accepted_tokens_total", **labels) - a0 == 6
+    per_pos = sample(
+        "modelyard:spec_decode_num_accepted_tokens_per_pos_total", **labels, position="1"
+    )
+    assert per_pos - p0 == 2

@@ -33,7 +33,7 @@ from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.protocol import LLMClient
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.gateway.request_path import runs_model
+from modelyard.gateway.request_path import principal_of, runs_model
 
 router = APIRouter()
 
@@ -99,11 +99,23 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """OpenAI model list: the catalog ids and route names the caller may use."""
+    """OpenAI model list: the catalog ids and route names the caller may use, then the LoRA
+    adapters it may use, each with its base model as `parent` (as vLLM lists them)."""
     created = int(request.app.state.started_at)
     data = [
         {"id": model_id, "object": "model", "created": created, "owned_by": "modelyard"}
         for model_id in visible_model_names(request)
+    ]
+    data += [
+        {
+            "id": adapter.lora.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "modelyard",
+            "parent": adapter.base,
+        }
+        for adapter in getattr(request.app.state, "loras", ())
+        if principal_of(request).may_use(adapter.lora.name)
     ]
     return {"object": "list", "data": data}
 

@@ -6,10 +6,15 @@ q/k/v are fused into one weight and gate/up into another at load time, and in fl
 weight is packed once for the runner's GEMM (runner.linear), which applies SwiGLU's activation
 to the gate/up tiles as it makes them. The lm_head runs only on the rows that are
 sampled. Weights come straight from the HF safetensors files.
+
+With a LoRAConfig, each layer's projections are wrapped by runner.lora's hooks, which add the
+step's adapter deltas row by row (and the MLP's gate/up run unfused, the activation after the
+delta).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +22,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from modelyard.engine.config import LoRAConfig
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
+from modelyard.runner.lora import BaseShapes, LoRAGatedMLP, LoRAManager, LoRAProjection
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
 
 NATIVE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 _STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -44,11 +53,11 @@ class LayerWeights:
     """One decoder layer; shapes with H = hidden, nh/nkv heads, hd head dim, I = intermediate."""
 
     input_norm: torch.Tensor  # (H,)
-    qkv: Linear  # H -> (nh + 2 * nkv) * hd, with bias for Qwen2 / Llama attention_bias
-    o: Linear  # nh * hd -> H, with bias for Llama attention_bias
+    qkv: Projection  # H -> (nh + 2 * nkv) * hd, with bias for Qwen2 / Llama attention_bias
+    o: Projection  # nh * hd -> H, with bias for Llama attention_bias
     post_norm: torch.Tensor  # (H,)
-    mlp_in: SwiGLU  # H -> I: silu(gate) * up
-    down: Linear  # I -> H
+    mlp_in: Projection  # H -> I: silu(gate) * up
+    down: Projection  # I -> H
 
 
 class LlamaModel:
@@ -63,6 +72,7 @@ class LlamaModel:
         num_blocks: int,
         block_size: int,
         max_model_len: int,
+        lora: LoRAConfig | None = None,
     ) -> None:
         self.config = config
         self.dtype = dtype
@@ -81,13 +91,13 @@ class LlamaModel:
         head = state.get("lm_head.weight")
         tied = getattr(config, "tie_word_embeddings", False) or head is None
         pack = packing_available(dtype)
+        self.lora = LoRAManager(lora, BaseShapes.of(config), dtype) if lora is not None else None
         # H -> V; packing a tied head makes its own copy, the embedding table stays for lookups
         self.lm_head = Linear(
             self.embed if tied or head is None else head.to(dtype), None, pack=pack
         )
         self.layers = [
-            _layer(state, f"model.layers.{i}.", dtype, pack)
-            for i in range(config.num_hidden_layers)
+            _layer(state, i, dtype, pack, self.lora) for i in range(config.num_hidden_layers)
         ]
         del state
         tables = _rotary_tables(config, self.head_dim, dtype, max_model_len)
@@ -239,8 +249,14 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _layer(
-    state: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype, pack: bool
+    state: dict[str, torch.Tensor],
+    index: int,
+    dtype: torch.dtype,
+    pack: bool,
+    lora: LoRAManager | None,
 ) -> LayerWeights:
+    prefix = f"model.layers.{index}."
+
     def get(name: str) -> torch.Tensor:
         return state[prefix + name].to(dtype)
 
@@ -258,12 +274,19 @@ def _layer(
                 for b, n in zip(biases, sizes, strict=True)
             ]
         )
-    qkv = torch.cat([get(f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")])
-    return LayerWeights(
-        input_norm=get("input_layernorm.weight"),
-        qkv=Linear(qkv.contiguous(), qkv_bias, pack=pack),
-        o=Linear(get("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"), pack=pack),
-        post_norm=get("post_attention_layernorm.weight"),
-        mlp_in=SwiGLU(get("mlp.gate_proj.weight"), get("mlp.up_proj.weight"), pack=pack),
-        down=Linear(get("mlp.down_proj.weight"), None, pack=pack),
-    )
+    qkv_weight = torch.cat([get(f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")])
+    qkv = Linear(qkv_weight.contiguous(), qkv_bias, pack=pack)
+    o = Linear(get("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"), pack=pack)
+    gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
+    down = Linear(get("mlp.down_proj.weight"), None, pack=pack)
+    norms = {"input_norm": get("input_layernorm.weight")}
+    norms["post_norm"] = get("post_attention_layernorm.weight")
+    if lora is not None:  # the hook: adapter deltas on every projection
+        return LayerWeights(
+            qkv=LoRAProjection(qkv, lora, index, "qkv"),
+            o=LoRAProjection(o, lora, index, "o"),
+            mlp_in=LoRAGatedMLP(gate, up, lora, index, pack=pack),
+            down=LoRAProjection(down, lora, index, "down"),
+            **norms,
+        )
+    return LayerWeights(qkv=qkv, o=o, mlp_in=SwiGLU(gate, up, pack=pack), down=down, **norms)
