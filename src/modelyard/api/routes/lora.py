@@ -69,7 +69,8 @@ async def unload_lora_adapter(
     try:
         adapter = registry.remove(body.lora_name)
     except KeyError:
-        raise APIError(404, f"the LoRA adapter {body.lora_name!r} is not loaded") from None
+        message = f"the LoRA adapter {body.lora_name!r} is not loaded"
+        raise APIError(404, message, param="lora_name") from None
     provider = request.app.state.provider
     state_of = getattr(provider, "state", None)
     if state_of is not None and state_of(adapter.base) == State.LOADED:
