@@ -119,6 +119,7 @@ async def run_http(base: str, args: argparse.Namespace, prompts: dict[int, list[
                 "temperature": 0.0,
                 "ignore_eos": True,
                 "stream": True,
+                "stream_options": {"include_usage": True},
             }
             start = last = time.perf_counter()
             first = True
@@ -128,10 +129,11 @@ async def run_http(base: str, args: argparse.Namespace, prompts: dict[int, list[
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[6:])
+                    if chunk.get("usage"):  # the server's count: a chunk may carry several
+                        samples.tokens += chunk["usage"]["completion_tokens"]
                     if not chunk.get("choices") or chunk["choices"][0].get("text") in (None, ""):
                         continue
                     now = time.perf_counter()
-                    samples.tokens += 1
                     (samples.ttfts if first else samples.itls).append(
                         now - (start if first else last)
                     )

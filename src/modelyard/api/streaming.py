@@ -8,15 +8,17 @@ An error after the first byte cannot change the status any more: it is sent as a
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import msgspec
 from starlette.responses import StreamingResponse
 
 from modelyard.api.errors import APIError
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+_encode = msgspec.json.Encoder().encode  # compact, UTF-8 as is; ~10x faster than json.dumps
 
 SSE_HEADERS = {
     "Cache-Control": "no-cache",
@@ -27,11 +29,7 @@ SSE_HEADERS = {
 
 def sse_event(payload: Mapping[str, Any]) -> bytes:
     """One SSE frame carrying a compact JSON object."""
-    return (
-        b"data: "
-        + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        + b"\n\n"
-    )
+    return b"data: " + _encode(payload) + b"\n\n"
 
 
 def sse_error(error: APIError) -> bytes:

@@ -10,7 +10,10 @@ Pipeline of one `generate` call (all on the event loop, nothing blocking):
    `max_waiting_prompt_tokens` prompt tokens are waiting, EngineOverloadedError (retry_after_s);
 3. fan-out, then streaming: `output_processor.RequestState` makes the n EngineRequests and turns
    what comes back into RequestOutputs (detokenized per completion, stop strings applied: those
-   completions are aborted in the engine); the last one has finished=True;
+   completions are aborted in the engine); the last one has finished=True. The outputs are
+   processed as the engine's message is read (`OutputCollector`: one pass per engine step for
+   every request, not one task wake-up per token); the call wakes once per step with the
+   update, or with several merged when it fell behind;
 4. leaving early (aclose, cancellation, consumer error) aborts what is still running.
 """
 
@@ -18,22 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
-from modelyard.engine.client import EngineCoreClient, OutputQueue
+from modelyard.engine.client import EngineCoreClient, QueueItem
 from modelyard.engine.config import AdmissionConfig, EngineConfig
-from modelyard.engine.messages import (
-    DropLoRAs,
-    EngineOutput,
-    EngineReady,
-    LoRARequest,
-    SchedulerStats,
-)
+from modelyard.engine.messages import DropLoRAs, EngineReady, LoRARequest, SchedulerStats
 from modelyard.engine.output_processor import (
     RequestState,
     check_prompt_length,
     check_token_ids,
     load_tokenizer,
+    merge_outputs,
     prompt_ids,
     render_chat,
 )
@@ -184,19 +182,26 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is already in flight")
         self._admit(request_id, len(ids))
         state = RequestState(request_id, ids, params, self._tokenizer)
+        collector = OutputCollector(state, lambda: self._release(request_id))
         self._live[request_id] = state
         try:
-            queue = await self._submit(state, priority, lora)
-            while not state.finished:
-                output = await self._next_output(state, queue)
-                if output is not None:
-                    yield output
+            for request in state.engine_requests(priority, lora):
+                await self._client.send_request(request, collector)
+            finished = False
+            while not finished:
+                output = await collector.get()
+                to_abort = state.take_stopped()
+                if to_abort:
+                    await self._client.abort(to_abort)
+                finished = output.finished
+                yield output
         finally:
             self._release(request_id)
             self._live.pop(request_id, None)
-            if not state.finished and self._client.is_alive:
+            to_abort = state.take_stopped() + state.unfinished_ids()
+            if to_abort and self._client.is_alive:
                 with contextlib.suppress(Exception):
-                    await self._client.abort(state.unfinished_ids())
+                    await self._client.abort(to_abort)
 
     async def abort(self, request_id: str) -> None:
         """Abort a live request: its stream ends with finish_reason ABORT."""
@@ -240,27 +245,53 @@ class AsyncLLM:
             self._waiting_requests -= 1
             self._waiting_prompt_tokens -= prompt_len
 
-    async def _submit(
-        self, state: RequestState, priority: int, lora: LoRARequest | None
-    ) -> OutputQueue:
-        queue: OutputQueue = asyncio.Queue()
-        for request in state.engine_requests(priority, lora):
-            await self._client.add_request(request, queue)
-        return queue
 
-    async def _next_output(self, state: RequestState, queue: OutputQueue) -> RequestOutput | None:
-        items = [await queue.get()]
-        while not queue.empty():
-            items.append(queue.get_nowait())
-        outputs: list[EngineOutput] = []
-        for item in items:
-            if isinstance(item, EngineDeadError):
-                raise item
-            outputs.append(item)
-        output = state.process(outputs)
-        if state.scheduled:
-            self._release(state.request_id)
-        to_abort = state.take_stopped()
-        if to_abort:
-            await self._client.abort(to_abort)
+class OutputCollector:
+    """The output sink of one generate call (engine.client.OutputSink). Each EngineOutput is
+    processed when the reader task takes the step's message off the socket; the RequestOutputs
+    the consumer has not taken yet are merged into one (output_processor.merge_outputs), so the
+    consumer wakes at most once per step and a slow one gets fewer, larger updates. An error
+    (the engine died, or processing failed) is raised by the next `get`."""
+
+    __slots__ = ("_error", "_on_output", "_pending", "_state", "_waiter")
+
+    def __init__(self, state: RequestState, on_output: Callable[[], None]) -> None:
+        self._state = state
+        self._on_output = on_output  # the request was scheduled: leave the waiting count
+        self._pending: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: QueueItem, /) -> None:
+        if isinstance(item, BaseException):
+            self._error = item
+        else:
+            try:
+                output = self._state.process([item])
+            except Exception as exc:  # a tokenizer failure fails this request, not the reader
+                self._error = RuntimeError(f"output processing failed: {exc!r}")
+                output = None
+            self._on_output()
+            if output is None:
+                if self._error is None:
+                    return
+            elif self._pending is None:
+                self._pending = output
+            else:
+                self._pending = merge_outputs(self._pending, output)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> RequestOutput:
+        """The next (merged) RequestOutput; raises the error that ended the request."""
+        while self._pending is None:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        output, self._pending = self._pending, None
         return output

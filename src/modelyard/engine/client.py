@@ -5,9 +5,11 @@ the worker's own environment (`worker.WORKER_ENVIRONMENT`, passed to the child o
 for `EngineReady`. The process itself (reader, watchdog, stop ladder) is a
 `transport.process.WorkerSupervisor`; this module adds what the messages mean:
 
-- every `EngineOutputs` is split into its `EngineOutput`s, each put on the asyncio.Queue of its
-  request (outputs of unknown ids are dropped: the request was aborted or its consumer left);
-  the latest `SchedulerStats` is kept;
+- every `EngineOutputs` is split into its `EngineOutput`s, each handed to the sink of its
+  request as the message is read (outputs of unknown ids are dropped: the request was aborted
+  or its consumer left); the latest `SchedulerStats` is kept. A sink is an asyncio.Queue, or
+  any object with `put_nowait` (AsyncLLM's processes the output right there: one pass per
+  engine step on the reader task, engine/async_llm.py);
 - the worker sends at least one message every 0.5 s (a heartbeat when idle): after
   `heartbeat_timeout_s` of silence, or when the process exits, every in-flight request's queue
   receives an `EngineDeadError` and `is_alive` turns False.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import (
@@ -60,6 +63,14 @@ QueueItem = EngineOutput | EngineDeadError
 OutputQueue = asyncio.Queue[QueueItem]
 
 
+class OutputSink(Protocol):
+    """Where a request's outputs go (an OutputQueue is one). `put_nowait` runs on the event
+    loop, in the reader task, once per output as each step's message is read: it must not
+    block or raise."""
+
+    def put_nowait(self, item: QueueItem, /) -> None: ...
+
+
 class RequestStream:
     """The outputs of one engine request, as an async iterator; ends after the output with a
     finish_reason, raises EngineDeadError if the worker dies first."""
@@ -95,7 +106,7 @@ class EngineCoreClient:
         on_close: Callable[[], None] | None = None,
     ) -> None:
         """Wrap an already started worker; call `wait_ready` next (or use `start`)."""
-        self._queues: InFlight[str, OutputQueue] = InFlight(_put_error)
+        self._queues: InFlight[str, OutputSink] = InFlight(_put_error)
         self.worker: WorkerSupervisor[EngineCommand, WorkerMessage] = WorkerSupervisor(
             conn,
             process,
@@ -181,17 +192,21 @@ class EngineCoreClient:
         to `queue` (a new one unless given: callers that fan out pass one shared queue).
         Raises EngineDeadError when the worker is gone and ValueError for a request id
         already in flight."""
+        queue = queue if queue is not None else asyncio.Queue()
+        await self.send_request(request, queue)
+        return RequestStream(request.request_id, queue)
+
+    async def send_request(self, request: EngineRequest | PinPrefix, sink: OutputSink) -> None:
+        """Send the request; its outputs go to `sink`. Errors as add_request."""
         self._check_alive()
         if request.request_id in self._queues:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
-        queue = queue if queue is not None else asyncio.Queue()
-        self._queues.add(request.request_id, queue)
+        self._queues.add(request.request_id, sink)
         try:
             await self.worker.send(request)
         except BaseException:
             self._queues.pop(request.request_id)
             raise
-        return RequestStream(request.request_id, queue)
 
     async def send(self, command: EngineCommand) -> None:
         """A command that needs no answer (e.g. DropLoRAs)."""
@@ -244,5 +259,5 @@ class EngineCoreClient:
                 self._queues.pop(output.request_id)
 
 
-def _put_error(queue: OutputQueue, error: BaseException) -> None:
+def _put_error(queue: OutputSink, error: BaseException) -> None:
     queue.put_nowait(error if isinstance(error, EngineDeadError) else EngineDeadError(str(error)))

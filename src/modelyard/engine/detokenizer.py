@@ -24,7 +24,7 @@ tokenizers (GPT-2, SmolLM2, Llama 3, Qwen2) when the tokenizer does not clean up
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from modelyard.engine.protocol import Tokenizer
@@ -45,14 +45,24 @@ class DetokenizedDelta:
     num_tokens: int = 0  # tokens of the update that belong to the output (see step 2)
 
 
+def decoder(tokenizer: Tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """`tokenizer.decode` for lists of ids. A Hugging Face fast tokenizer that does not clean up
+    spaces decodes in its Rust backend directly: the same text, without the ~25 us of Python
+    argument handling transformers adds to every call (two calls per generated token)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
+        decode = backend.decode
+        return lambda ids: str(decode(ids, skip_special_tokens=skip_special_tokens))
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 class IncrementalDetokenizer:
     """Text of one completion, built token by token. Not thread-safe; one per completion."""
 
     def __init__(
         self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special = params.skip_special_tokens
+        self._decode = decoder(tokenizer, params.skip_special_tokens)
         self._stops = list(params.stop)
         self._include_stop = params.include_stop_str_in_output
         self._hold_back = max((len(s) for s in self._stops), default=1) - 1
@@ -108,9 +118,6 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         return new_text[len(prefix_text) :]
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
     def _find_stop(self, previous_len: int) -> str | None:
         """Trim _text at the earliest stop string that ends in the new text; return it."""

@@ -9,7 +9,9 @@ ids; the server (`AsyncLLM`) and the offline `LLM` both wrap it with these steps
 3. every `EngineOutput` is detokenized per completion (engine/detokenizer.py); a stop string ends
    its completion (the caller aborts it in the engine: `RequestState.stopped_by_string`), and
    `RequestState.process` turns the outputs of a step into one `RequestOutput` with the deltas
-   of the completions that changed; the last one has finished=True.
+   of the completions that changed; the last one has finished=True;
+4. a consumer that has not taken one RequestOutput yet gets it merged with the next
+   (`merge_outputs`): the same text and tokens, in fewer, larger updates.
 """
 
 from __future__ import annotations
@@ -200,3 +202,36 @@ class RequestState:
             m.last_token_time = now
             self.num_generated += len(output.new_token_ids)
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+
+
+def merge_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
+    """One RequestOutput that says what `older` then `newer` said: each completion's deltas
+    joined (text, token ids, logprobs), the newer counts, finish state and metrics."""
+    deltas = {d.index: d for d in older.deltas}
+    for delta in newer.deltas:
+        before = deltas.get(delta.index)
+        deltas[delta.index] = delta if before is None else _join(before, delta)
+    return RequestOutput(
+        request_id=newer.request_id,
+        deltas=list(deltas.values()),
+        num_prompt_tokens=newer.num_prompt_tokens,
+        num_cached_tokens=newer.num_cached_tokens,
+        num_generated_tokens=newer.num_generated_tokens,
+        finished=newer.finished,
+        metrics=newer.metrics,
+    )
+
+
+def _join(before: CompletionDelta, after: CompletionDelta) -> CompletionDelta:
+    logprobs = None
+    if before.logprobs is not None or after.logprobs is not None:
+        logprobs = [*(before.logprobs or ()), *(after.logprobs or ())]
+    return CompletionDelta(
+        index=after.index,
+        text=before.text + after.text,
+        token_ids=before.token_ids + after.token_ids,
+        logprobs=logprobs,
+        finish_reason=after.finish_reason or before.finish_reason,
+        stop_reason=after.stop_reason if after.finish_reason else before.stop_reason,
+        error=after.error or before.error,
+    )

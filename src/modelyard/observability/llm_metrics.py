@@ -23,6 +23,7 @@ class RequestTracker:
         self.finish_reasons: dict[int, str] = {}  # completion index -> finish reason
         self._last_token_at: float | None = None
         self._recorded = False
+        self._itl = m.INTER_TOKEN_LATENCY.labels(model)  # observed per update: look it up once
 
     def observe(self, output: RequestOutput) -> None:
         """Feed every output, in order."""
@@ -30,7 +31,7 @@ class RequestTracker:
         if any(delta.token_ids for delta in output.deltas):
             now = time.time()
             if self._last_token_at is not None:
-                m.INTER_TOKEN_LATENCY.labels(self.model).observe(now - self._last_token_at)
+                self._itl.observe(now - self._last_token_at)
             self._last_token_at = now
         for delta in output.deltas:
             if delta.finish_reason is not None:

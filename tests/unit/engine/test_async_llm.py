@@ -226,3 +226,27 @@ async def test_chat_template_renders_with_generation_prompt() -> None:
         )
     finally:
         await llm.shutdown()
+
+
+async def test_a_slow_consumer_gets_merged_outputs_with_every_token_and_the_text() -> None:
+    core = FakeCore(step_delay_s=0.002)
+    llm, _ = await make_llm(core)
+    tok = build_tokenizer()
+    try:
+        params = SamplingParams(n=2, max_tokens=40, seed=1, temperature=0.5)
+        outs: list[RequestOutput] = []
+        async for out in llm.generate("Hello world, café 🙂", params, "slow"):
+            outs.append(out)
+            await asyncio.sleep(0.03)  # the engine runs ~15 steps meanwhile
+        assert len(outs) < 40  # merged: fewer updates than tokens
+        assert outs[-1].finished
+        assert not any(o.finished for o in outs[:-1])
+        for index in range(2):
+            deltas = [d for o in outs for d in o.deltas if d.index == index]
+            ids = [t for d in deltas for t in d.token_ids]
+            assert ids == (tok.encode("Hello world, café 🙂") * 40)[:40]
+            assert "".join(d.text for d in deltas) == tok.decode(ids)
+            assert [d.finish_reason for d in deltas if d.finish_reason] == [FinishReason.LENGTH]
+        assert outs[-1].num_generated_tokens == 80
+    finally:
+        await llm.shutdown()

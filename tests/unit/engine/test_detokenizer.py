@@ -1,7 +1,7 @@
 import pytest
 from tiny_tokenizer import build_tokenizer
 
-from modelyard.engine.detokenizer import IncrementalDetokenizer
+from modelyard.engine.detokenizer import IncrementalDetokenizer, decoder
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit
@@ -115,3 +115,14 @@ def test_a_stop_string_inside_a_multi_token_update_keeps_the_tokens_up_to_it(
     assert out.stop_string == "three"
     assert out.num_tokens == used < len(ids)
     assert out.text == text == ("one two three" if include else "one two ")
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_backend_decoder_gives_the_tokenizers_text(skip: bool) -> None:
+    tok = build_tokenizer()
+    ids = [tok.eos_token_id, *tok.encode(TEXTS[1]), tok.eos_token_id, *tok.encode(TEXTS[2])]
+    assert isinstance(ids[0], int)
+    for window in (ids, ids[3:], ids[:5], ids[7:9]):
+        assert decoder(tok, skip)(window) == tok.decode(window, skip_special_tokens=skip)
+    tok.clean_up_tokenization_spaces = True  # transformers' own decode then (it may clean up)
+    assert decoder(tok, skip)(ids) == tok.decode(ids, skip_special_tokens=skip)
