@@ -213,7 +213,7 @@ def main() -> None:
         "http": http,
         "ratios": ratios,
     }
-    name = "serving" if len(args.concurrency) == 2 else "serving_c1"
+    name = "serving" if len(args.concurrency) == 2 else f"serving_c{args.concurrency[0]}"
     path = write_json(f"{name}_{args.dtype}", payload)
     print(json.dumps({"in_process": inproc, "http": http, "ratios": ratios}, indent=2))
     print(f"wrote {path}", file=sys.stderr)
