@@ -6,7 +6,8 @@
 // W[p*16 .. p*16+15][k] for k = 0..K-1, 16 floats per k (zero columns pad the last panel).
 // The micro-kernel keeps a 6 x 16 block of y in 12 vector registers and, per k, loads two
 // vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
-// shape); built for AVX-512, a 12 x 16 block in 12 registers of 16 floats. K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
+// shape); built for AVX-512, a 12 x 16 block in 12 registers of 16 floats. x's rows are first
+// copied k-major per micro-kernel call (pack_rows), so the broadcasts read one stream. K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
 // in L1 while every row block of x passes over it; groups of panels are claimed by the ATen
 // thread pool's threads in turn (claim.h). For a Llama MLP's gate and up projections
 // (pack_swiglu, packed_swiglu) gate and up panels alternate and silu(gate) * up is applied to
@@ -15,6 +16,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <vector>
 
 #include "claim.h"
 #include "ops.h"
@@ -39,9 +42,11 @@ constexpr int64_t kMC = 96;   // rows of x per cache block (prefill sizes)
 #if defined(__AVX512F__)
 using vec = modelyard::v16;
 constexpr int64_t kMR = 12;  // rows of x per micro-kernel call: 12 accumulators
+inline vec broadcast(float v) { return vec{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
 #else
 using vec = v8;
 constexpr int64_t kMR = 6;  // rows of x per micro-kernel call: 6 x 2 accumulators
+inline vec broadcast(float v) { return splat(v); }
 #endif
 constexpr int kVecs = kNR / (sizeof(vec) / sizeof(float));  // vectors per panel row
 constexpr int kLanes = kNR / kVecs;
@@ -49,12 +54,15 @@ constexpr int kLanes = kNR / kVecs;
 inline v8 load(const float* p) { return *reinterpret_cast<const v8*>(p); }
 inline vec load_vec(const float* p) { return *reinterpret_cast<const vec*>(p); }
 
-// y[i][0..ncols) (+)= sum over k < k_len of x[i][k] * panel[k][..] for the rows i < MR: the
+// y[i][0..ncols) (+)= sum over k < k_len of x[k][i] * panel[k][..] for the rows i < MR (x packed
+// k-major by pack_rows, so the MR values of one k are adjacent: each FMA takes its x value as a
+// broadcast memory operand off one pointer, rather than a load and a shuffle off MR row pointers,
+// which on Intel cores runs on an FMA port and halves the FMA rate): the
 // first K chunk stores, later ones add to y; the last adds the bias. With PF, one 64-byte line
 // from pf on is prefetched every `pf_every` steps of k (PF is a compile-time switch: a test in
 // the loop costs ~10 % at prefill sizes).
 template <int MR, bool PF>
-inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len, bool first,
+inline void micro(const float* x, const float* panel, int64_t k_len, bool first,
                   const float* bias, float* y, int64_t ldy, int64_t ncols, const float* pf,
                   int64_t pf_every) {
   vec acc[MR][kVecs];
@@ -74,7 +82,7 @@ inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len
     for (int h = 0; h < kVecs; ++h) b[h] = load_vec(panel + k * kNR + h * kLanes);
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
-      const vec a = vec{} + x[i * ldx + k];
+      const vec a = broadcast(x[k * MR + i]);
       for (int h = 0; h < kVecs; ++h) acc[i][h] += a * b[h];
     }
   }
@@ -99,40 +107,77 @@ inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k_len
 }
 
 template <int MR, bool PF>
-void micro_rows(const float* x, int64_t ldx, const float* panel, int64_t k_len, bool first,
-                const float* bias, float* y, int64_t ldy, int64_t ncols, int64_t rows,
-                const float* pf, int64_t pf_every) {
+void micro_rows(const float* x, const float* panel, int64_t k_len, bool first, const float* bias,
+                float* y, int64_t ldy, int64_t ncols, int64_t rows, const float* pf,
+                int64_t pf_every) {
   switch (rows) {
-    case MR: micro<MR, PF>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, pf, pf_every); break;
+    case MR: micro<MR, PF>(x, panel, k_len, first, bias, y, ldy, ncols, pf, pf_every); break;
     default:
       if constexpr (MR > 1) {
-        micro_rows<MR - 1, PF>(x, ldx, panel, k_len, first, bias, y, ldy, ncols, rows, pf,
-                               pf_every);
+        micro_rows<MR - 1, PF>(x, panel, k_len, first, bias, y, ldy, ncols, rows, pf, pf_every);
       }
   }
 }
 
-// Rows of x in as few micro-kernel calls as possible, of near-equal sizes (32 rows of 6 at most:
-// 6 6 5 5 5 5, not 6 6 6 6 6 2: a 2-row call has too few independent FMA chains to fill the
-// pipes). With pf,
-// the k_len lines of the chunk at pf are prefetched, spread evenly over all the calls: call c
-// of C takes lines [c k_len / C, (c + 1) k_len / C), one every C steps of k.
-void row_blocks(const float* x, int64_t rows, int64_t ldx, const float* panel, int64_t k_len,
-                bool first, const float* bias, float* y, int64_t ldy, int64_t ncols,
-                const float* pf) {
+// The micro-kernel calls of a block of `rows` rows: fewest calls, of near-equal sizes (32 rows
+// of at most 12: 11 11 10, not 12 12 8: a call of few rows has too few independent FMA chains
+// to fill the pipes). Calls fn(call, calls, first_row, row_count) for each.
+template <typename Fn>
+inline void split_rows(int64_t rows, const Fn& fn) {
   const int64_t calls = (rows + kMR - 1) / kMR, base = rows / calls, extra = rows % calls;
   for (int64_t c = 0, i = 0; c < calls; ++c) {
     const int64_t r = base + (c < extra ? 1 : 0);
-    const float* xi = x + i * ldx;
+    fn(c, calls, i, r);
+    i += r;
+  }
+}
+
+// Rows [0, rows) of x (row stride ldx) as split_rows calls them, each call's rows k-major:
+// call (i, r) at out + i * k_len, x[i + j][k] at k * r + j.
+void pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t k_len, float* out) {
+  split_rows(rows, [&](int64_t, int64_t, int64_t i, int64_t r) {
+    float* dst = out + i * k_len;
+    for (int64_t j = 0; j < r; ++j) {
+      const float* src = x + (i + j) * ldx;
+      for (int64_t k = 0; k < k_len; ++k) dst[k * r + j] = src[k];
+    }
+  });
+}
+
+// This thread's copy of rows [m0, m0 + rows) of x packed by pack_rows, made once per gemm call
+// (`call` numbers the calls) and row block: a thread claims a row block's units in a run.
+const float* packed_rows(const float* x, int64_t m0, int64_t rows, int64_t k_len, uint64_t call) {
+  if (rows == 1) return x + m0 * k_len;  // one row k-major is the row itself
+  thread_local std::vector<float> buffer;
+  thread_local uint64_t packed_call = 0;
+  thread_local int64_t packed_m0 = -1;
+  if (packed_call != call || packed_m0 != m0) {
+    buffer.resize(rows * k_len);
+    pack_rows(x + m0 * k_len, k_len, rows, k_len, buffer.data());
+    packed_call = call;
+    packed_m0 = m0;
+  }
+  return buffer.data();
+}
+
+std::atomic<uint64_t> gemm_calls{0};
+
+// The rows of a block (x packed by pack_rows, its k0 .. k0 + k_len chunk) times one panel chunk.
+// With pf, the k_len lines of the chunk at pf are prefetched, spread evenly over all the calls:
+// call c of C takes lines [c k_len / C, (c + 1) k_len / C), one every C steps of k.
+void row_blocks(const float* xb, int64_t rows, int64_t k_total, int64_t k0, const float* panel,
+                int64_t k_len, bool first, const float* bias, float* y, int64_t ldy,
+                int64_t ncols, const float* pf) {
+  split_rows(rows, [&](int64_t c, int64_t calls, int64_t i, int64_t r) {
+    const float* xi = xb + i * k_total + k0 * r;
     float* yi = y + i * ldy;
     if (pf != nullptr) {
       const float* lines = pf + c * k_len / calls * kNR;
-      micro_rows<kMR, true>(xi, ldx, panel, k_len, first, bias, yi, ldy, ncols, r, lines, calls);
+      micro_rows<kMR, true>(xi, panel, k_len, first, bias, yi, ldy, ncols, r, lines, calls);
     } else {
-      micro_rows<kMR, false>(xi, ldx, panel, k_len, first, bias, yi, ldy, ncols, r, nullptr, 0);
+      micro_rows<kMR, false>(xi, panel, k_len, first, bias, yi, ldy, ncols, r, nullptr, 0);
     }
-    i += r;
-  }
+  });
 }
 
 // out[r][0..ncols) = silu(gate[r]) * up[r] for the rows of two (rows, 16) tiles (ldy: out's
@@ -176,8 +221,10 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
   const int64_t threads = at::get_num_threads();
   const int64_t group = std::clamp<int64_t>(blocks / (8 * threads), 1, 4);
   const int64_t groups = (blocks + group - 1) / group, units = (m + kMC - 1) / kMC * groups;
+  const uint64_t call = gemm_calls.fetch_add(1, std::memory_order_relaxed) + 1;
   modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
     const int64_t m0 = unit / groups * kMC, rows = std::min(kMC, m - m0);
+    const float* xb = packed_rows(xp, m0, rows, k_len, call);
     const int64_t begin = unit % groups * group, end = std::min(blocks, begin + group);
     // where this thread goes after this group: the first panel of its next claim
     const float* after =
@@ -196,8 +243,8 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
         // prefetch only evicts it.
         const float* next = nullptr;
         if (prefetch) next = !last || p + 1 < end * per ? chunk + kc * kNR : after;
-        row_blocks(xp + m0 * k_len + k0, rows, k_len, chunk, kc, k0 == 0, last ? bias : nullptr,
-                   out, ldy, ncols, next);
+        row_blocks(xb, rows, k_len, k0, chunk, kc, k0 == 0, last ? bias : nullptr, out, ldy,
+                   ncols, next);
       }
     };
     alignas(32) thread_local float gate[kMC * kNR], up[kMC * kNR];
