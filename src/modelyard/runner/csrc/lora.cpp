@@ -191,25 +191,26 @@ at::Tensor lora_swiglu(const at::Tensor& both, const at::Tensor& x, const at::Te
   float* yp = y.data_ptr<float>();
   modelyard::for_each_claimed(col_units * row_units, [&](int64_t unit, int64_t, bool) {
     const int64_t q0 = unit / row_units * per_unit, first = unit % row_units * kRowsPerUnit;
+    const int64_t q1 = std::min(blocks, q0 + per_unit), c0 = q0 * kBlock;
+    const int64_t cols = std::min(kCols, width - c0);  // <= (q1 - q0) * 16
     for (int64_t t = first; t < std::min(t_len, first + kRowsPerUnit); ++t) {
-      for (int64_t q = q0; q < std::min(blocks, q0 + per_unit); ++q) {
-        alignas(64) float gate[kBlock], upv[kBlock], row[kBlock];
-        std::copy_n(inp + t * ld + 2 * q * kBlock, kBlock, gate);
-        std::copy_n(inp + t * ld + (2 * q + 1) * kBlock, kBlock, upv);
-        const int64_t cols = std::min(kBlock, width - q * kBlock);
-        if (sp[t] >= 0) {
-          const float* b = bp + sp[t] * ranks * 2 * width + q * kBlock;
-          expand_row(gate, up + t * 2 * ranks, ranks, b, 2 * width, cols);
-          expand_row(upv, up + t * 2 * ranks + ranks, ranks, b + width, 2 * width, cols);
-        }
-        for (int64_t c = 0; c < kBlock; c += 8) {
-          const modelyard::v8 g = *reinterpret_cast<const modelyard::v8*>(gate + c);
-          const modelyard::v8 v = *reinterpret_cast<const modelyard::v8*>(upv + c);
-          *reinterpret_cast<modelyard::v8*>(row + c) =
-              g / (modelyard::splat(1.f) + modelyard::exp8(-g)) * v;
-        }
-        std::copy_n(row, cols, yp + t * width + q * kBlock);
+      alignas(64) float gate[kCols], upv[kCols], row[kCols];
+      for (int64_t q = q0; q < q1; ++q) {  // the unit's gate and up columns, side by side
+        std::copy_n(inp + t * ld + 2 * q * kBlock, kBlock, gate + (q - q0) * kBlock);
+        std::copy_n(inp + t * ld + (2 * q + 1) * kBlock, kBlock, upv + (q - q0) * kBlock);
       }
+      if (sp[t] >= 0) {
+        const float* b = bp + sp[t] * ranks * 2 * width + c0;
+        expand_row(gate, up + t * 2 * ranks, ranks, b, 2 * width, cols);
+        expand_row(upv, up + t * 2 * ranks + ranks, ranks, b + width, 2 * width, cols);
+      }
+      for (int64_t c = 0; c < (q1 - q0) * kBlock; c += 8) {
+        const modelyard::v8 g = *reinterpret_cast<const modelyard::v8*>(gate + c);
+        const modelyard::v8 v = *reinterpret_cast<const modelyard::v8*>(upv + c);
+        *reinterpret_cast<modelyard::v8*>(row + c) =
+            g / (modelyard::splat(1.f) + modelyard::exp8(-g)) * v;
+      }
+      std::copy_n(row, cols, yp + t * width + c0);
     }
   });
   return y;
