@@ -63,6 +63,18 @@ def rate(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "output_tok_s": round(tokens / seconds, 2)}  # fmt: skip
 
 
+def ratios(results: dict[str, Any]) -> dict[str, float]:
+    """adapters / base on the LoRA engine, and each against the engine without LoRA."""
+    tok_s = {k: results[k]["output_tok_s"] for k in ("base", "adapters", "no_lora_engine")}
+    return {
+        "ratio_adapters_vs_base": round(tok_s["adapters"] / tok_s["base"], 3),
+        "ratio_lora_engine_base_vs_no_lora_engine": round(
+            tok_s["base"] / tok_s["no_lora_engine"], 3
+        ),
+        "ratio_adapters_vs_no_lora_engine": round(tok_s["adapters"] / tok_s["no_lora_engine"], 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -127,17 +139,13 @@ def main() -> None:
                 runs[name].append(run_batch(engine, next(batches), batch_loras, args.output_tokens))
         for name, value in runs.items():
             results[name] = rate(value)
-    results["ratio_adapters_vs_base"] = round(
-        results["adapters"]["output_tok_s"] / results["base"]["output_tok_s"], 3
-    )
-    results["ratio_lora_engine_base_vs_no_lora_engine"] = round(
-        results["base"]["output_tok_s"] / results["no_lora_engine"]["output_tok_s"], 3
-    )
+    results.update(ratios(results))
     results["peak_rss_mb"] = peak_rss_mb()
     results["host"]["load_average_after"] = os.getloadavg()
     for key in ("base", "adapters", "no_lora_engine"):
         print(key, results[key])
     print("ratio adapters/base", results["ratio_adapters_vs_base"])
+    print("ratio adapters/no-LoRA engine", results["ratio_adapters_vs_no_lora_engine"])
     print("wrote", write_json(args.out, results))
 
 

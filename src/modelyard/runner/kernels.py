@@ -3,7 +3,8 @@
 csrc/: `paged_decode.cpp` attention straight from the paged KV cache; `fused_ops.cpp` a decoder
 layer's element-wise steps in one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU);
 `gemm.cpp` / `gemm_bf16.cpp` / `gemm_amx.cpp` / `gemm_int8.cpp` the linear layers on weights
-packed at load (runner.linear), SwiGLU fused into gate/up; `claim.h` splits work across threads.
+packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA adapters' deltas
+(runner.lora); `claim.h` splits work across threads.
 torch's extension builder (g++, ninja) builds them into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`) under a name hashing sources, torch version and CPU flags, one
 builder at a time (runner.build_lock); `scripts/setup` builds ahead. A failed build or

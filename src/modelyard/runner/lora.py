@@ -5,14 +5,16 @@ and s = alpha / r (alpha / sqrt(r) with use_rslora; rank_pattern and alpha_patte
 Here, for every layer and projection group of the native Llama forward (qkv, o, gate_up, down;
 a group's n modules share their input x):
 
-- `max_loras` slots of `max_lora_rank` (R) columns per module. A_stack (n * S * R, in) holds
-  every slot's A matrices, module-major (module i, slot s at rows (i * S + s) * R), and one
-  B_stack (out_i, S * R) per module their scaled B matrices: one A GEMM and one B GEMM per
-  module serve every adapter of a step. A slot is written in place when an adapter takes it
-  (its old columns zeroed first), so nothing is re-laid out when adapters come and go;
-- per step, a 0/1 mask (T, n * S * R) keeps, in each row, the columns of its own slot:
-  delta_i = B_i(mask * A_stack(x))[module i's columns]. A row without an adapter gets exactly
-  0; rows of different adapters share the step (grouped by slot, not by merging weights);
+- `max_loras` slots (S) of R ranks (`max_lora_rank` rounded up to 16) per group: a (S, in, n * R)
+  holds each slot's A matrices transposed (module i at columns i * R, zero padded), bt
+  (S, R, out) its scaled B matrices transposed (module i at its own output columns). A slot is
+  written in place when an adapter takes it (zeroed first), so nothing is re-laid out when
+  adapters come and go;
+- per step, each row's slot (-1: the base model). Row t of slot s gets u = x[t] a[s] and then
+  y[t] += u bt[s] module by module: each slot's matrices are read once for all its rows
+  (grouped by slot, weights never merged), base rows get exactly nothing. In float32 with the
+  compiled kernels this is csrc/lora.cpp (its work split like the GEMMs', inside the step's
+  thread team); otherwise torch ops per slot;
 - `LoRAManager` holds the adapters loaded from disk (least recently used dropped past
   `max_cpu_loras` or `max_cpu_lora_bytes`) and which one sits in which slot (a step's adapters
   get slots, evicting the least recently used adapters the step does not need). The scheduler
@@ -20,12 +22,15 @@ a group's n modules share their input x):
   The stacks are allocated with the model (their size is the price of LoRA capacity), so
   taking a slot only copies an adapter's matrices.
 
-The hooks (`LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections in runner.models.llama.
-On a LoRA model the MLP's gate/up run unfused (one GEMM, then the delta, then the activation).
+The hooks (`LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections in runner.models.llama;
+in a step without adapters (or on a layer no adapter targets) they run exactly the base model's
+kernels. With adapters, the float32 MLP runs gate/up as one GEMM on the fused SwiGLU's own
+packed weight, and csrc/lora.cpp adds the deltas and applies the activation in one pass.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -44,7 +49,7 @@ from safetensors import safe_open
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.messages import LoRARequest
 from modelyard.runner import kernels
-from modelyard.runner.linear import Linear
+from modelyard.runner.linear import Linear, int8_weights
 
 #: projection group -> (PEFT module names in output order)
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -153,18 +158,18 @@ def _scaling(config: dict[str, Any], module_name: str, rank: int) -> float:
 
 
 class _GroupStacks:
-    """One layer's group: A_stack (n * S * R, in) and a B_stack (out_i, S * R) per module."""
+    """One layer's group: a (S, in, n * R), bt (S, R, out) and the modules' column bounds."""
 
-    __slots__ = ("a", "b", "offsets")
+    __slots__ = ("a", "bounds", "bt")
 
-    def __init__(self, a: torch.Tensor, b: list[torch.Tensor], offsets: list[int]) -> None:
+    def __init__(self, a: torch.Tensor, bt: torch.Tensor, bounds: list[int]) -> None:
         self.a = a
-        self.b = b
-        self.offsets = offsets  # first output column of each module in the group's output
+        self.bt = bt
+        self.bounds = bounds  # module i's output columns: bounds[i] .. bounds[i + 1]
 
     @property
     def nbytes(self) -> int:
-        return self.a.nbytes + sum(b.nbytes for b in self.b)
+        return self.a.nbytes + self.bt.nbytes
 
 
 @dataclass
@@ -190,7 +195,9 @@ class LoRAManager:
             for layer in range(shapes.num_layers)
             for group in GROUPS
         }  # (layer, group) -> the slots' stacked matrices
-        self._masks: dict[int, torch.Tensor] | None = None  # width -> (T, width) in a step
+        self.kernel = dtype == torch.float32 and kernels.load()  # csrc/lora.cpp runs the deltas
+        self._rows: torch.Tensor | None = None  # in a step with adapters: (T,) slots, -1 = none
+        self._groups: list[tuple[int, torch.Tensor]] = []  # (slot, its rows) for the torch path
         self._written: set[tuple[int, str]] = set()  # (layer, group)s some adapter wrote to
 
     # ---------------------------------------------------------------- adapters in memory
@@ -246,33 +253,51 @@ class LoRAManager:
             yield
             return
         slot_of = self._assign(wanted)
-        slot_of_row = torch.tensor(
-            [slot_of[lora] if lora else -1 for lora, n in rows for _ in range(n)],
-            dtype=torch.long,
-        )  # (T,) -1 = no adapter
-        rank, width = self.config.max_lora_rank, self.config.max_loras * self.config.max_lora_rank
-        self._masks = {}
-        for n in {len(m) for m in GROUPS.values()}:
-            col_slot = torch.arange(n * width) % width // rank  # (n * S * R,) module-major
-            mask = slot_of_row.unsqueeze(1) == col_slot.unsqueeze(0)
-            self._masks[col_slot.numel()] = mask.to(self.dtype)  # (T, n * S * R)
+        slots = [slot_of[lora] if lora else -1 for lora, n in rows for _ in range(n)]
+        self._rows = torch.tensor(slots, dtype=torch.long)  # (T,)
+        if not self.kernel:
+            self._groups = [
+                (slot, torch.tensor([t for t, s in enumerate(slots) if s == slot]))
+                for slot in sorted(set(slot_of.values()))
+            ]
         try:
             yield
         finally:
-            self._masks = None
+            self._rows = None
+            self._groups = []
+
+    def applies(self, layer: int, group: str) -> bool:
+        """True in a step with adapters when some adapter has touched this layer's group."""
+        return self._rows is not None and (layer, group) in self._written
 
     def add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str) -> None:
         """y (T, out) += the adapters' delta for x (T, in), row by row (in a step only)."""
-        if self._masks is None:
-            return
-        if (layer, group) not in self._written:
-            return  # no adapter has touched this group
+        if self._rows is None or not self.applies(layer, group):
+            return  # no adapter in the step, or none has touched this group
         stacks = self._stacks[(layer, group)]
-        u = F.linear(x, stacks.a).mul_(self._masks[stacks.a.shape[0]])  # (T, n * S * R)
-        width = stacks.b[0].shape[1]  # S * R
-        for i, (b, offset) in enumerate(zip(stacks.b, stacks.offsets, strict=True)):
-            delta = F.linear(u[:, i * width : (i + 1) * width], b)  # (T, out_i)
-            y[:, offset : offset + b.shape[0]].add_(delta)
+        if self.kernel:
+            torch.ops.modelyard_kernels.lora_add(
+                y, x.contiguous(), stacks.a, stacks.bt, self._rows, stacks.bounds
+            )
+            return
+        rank = stacks.a.shape[2] // (len(stacks.bounds) - 1)
+        for slot, rows in self._groups:
+            u = x.index_select(0, rows) @ stacks.a[slot]  # (rows, n * R)
+            for i, (start, end) in enumerate(itertools.pairwise(stacks.bounds)):
+                delta = u[:, i * rank : (i + 1) * rank] @ stacks.bt[slot, :, start:end]
+                y[:, start:end].index_add_(0, rows, delta)
+
+    def swiglu(self, both: torch.Tensor, x: torch.Tensor, layer: int, width: int) -> torch.Tensor:
+        """silu(gate) * up (T, width) from `both`, packed_linear's output on pack_swiglu's
+        weight, with the gate/up deltas added first (float32 kernels, in a step that
+        `applies` to the layer's gate_up)."""
+        if self._rows is None:  # pragma: no cover - the hook asks `applies` first
+            raise RuntimeError("LoRAManager.swiglu outside a step with adapters")
+        stacks = self._stacks[(layer, "gate_up")]
+        out: torch.Tensor = torch.ops.modelyard_kernels.lora_swiglu(
+            both, x, stacks.a, stacks.bt, self._rows, width
+        )
+        return out
 
     def _assign(self, loras: list[LoRARequest]) -> dict[LoRARequest, int]:
         """A slot for each of the step's adapters (loading, evicting and writing as needed)."""
@@ -300,34 +325,33 @@ class LoRAManager:
         return empty[0] if empty else min(free, key=lambda i: self._slot_use[i])
 
     def _write_slot(self, slot: int, adapter: Adapter | None) -> None:
-        """Put the adapter's matrices in the slot's columns (zeroing the previous ones)."""
-        rank, size = self.config.max_lora_rank, self.config.max_loras
+        """Put the adapter's matrices in the slot (zeroing the previous ones)."""
         self._slots[slot] = adapter
         touched = {(layer, _MODULE_GROUP[m]) for layer, m in adapter.weights} if adapter else set()
         for key in sorted(touched | self._written):
             stacks = self._stacks[key]
+            stacks.a[slot] = 0
+            stacks.bt[slot] = 0
+            rank = stacks.a.shape[2] // len(GROUPS[key[1]])
             for i, module in enumerate(GROUPS[key[1]]):
-                rows = slice((i * size + slot) * rank, (i * size + slot + 1) * rank)
-                cols = slice(slot * rank, (slot + 1) * rank)
-                stacks.a[rows] = 0
-                stacks.b[i][:, cols] = 0
                 pair = adapter.weights.get((key[0], module)) if adapter is not None else None
                 if pair is not None:
                     a, b = pair
-                    stacks.a[rows.start : rows.start + a.shape[0]] = a
-                    stacks.b[i][:, cols.start : cols.start + a.shape[0]] = b
-
+                    stacks.a[slot, :, i * rank : i * rank + a.shape[0]] = a.T
+                    start, end = stacks.bounds[i], stacks.bounds[i + 1]
+                    stacks.bt[slot, : a.shape[0], start:end] = b.T
         self._written |= touched
 
     def _allocate(self, group: str) -> _GroupStacks:
         modules = GROUPS[group]
-        width = self.config.max_loras * self.config.max_lora_rank
+        rank = -(-self.config.max_lora_rank // 16) * 16  # a multiple of the kernel's blocks
         size_in = self.shapes.modules[modules[0]][0]
         outs = [self.shapes.modules[m][1] for m in modules]
+        slots = self.config.max_loras
         return _GroupStacks(
-            torch.zeros(len(modules) * width, size_in, dtype=self.dtype),
-            [torch.zeros(out, width, dtype=self.dtype) for out in outs],
-            [sum(outs[:i]) for i in range(len(outs))],
+            torch.zeros(slots, size_in, len(modules) * rank, dtype=self.dtype),
+            torch.zeros(slots, rank, sum(outs), dtype=self.dtype),
+            [sum(outs[:i]) for i in range(len(outs) + 1)],
         )
 
 
@@ -345,28 +369,43 @@ class LoRAProjection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        self.lora.add_delta(y, x, self.layer, self.group)
+        if self.lora.applies(self.layer, self.group):
+            self.lora.add_delta(y, x, self.layer, self.group)
         return y
 
 
 class LoRAGatedMLP:
-    """The MLP's input side of a LoRA model: [gate | up] in one GEMM, the deltas, then
-    silu(gate) * up (SwiGLU's fused activation cannot take a delta before it)."""
+    """The MLP's input side of a LoRA model, silu(gate) * up. float32 with the kernels: the
+    base model's fused SwiGLU kernel, or with the step's adapters one GEMM on its packed weight
+    (gate and up columns alternating in 16s) and `LoRAManager.swiglu`. Otherwise [gate | up] in
+    one GEMM, the deltas, then the activation."""
 
-    __slots__ = ("both", "fused_act", "layer", "lora", "width")
+    __slots__ = ("both", "fused_act", "layer", "lora", "packed", "width")
 
     def __init__(
         self, gate: torch.Tensor, up: torch.Tensor, lora: LoRAManager, layer: int, *, pack: bool
     ) -> None:
         self.width = int(gate.shape[0])
-        self.both = Linear(torch.cat([gate, up]).contiguous(), None, pack=pack)
         self.lora = lora
         self.layer = layer
+        fused = pack and lora.kernel and not int8_weights()
+        self.packed = kernels.pack_swiglu(gate, up) if fused else None
+        self.both = None if fused else Linear(torch.cat([gate, up]).contiguous(), None, pack=pack)
         self.fused_act = gate.dtype == torch.bfloat16 and kernels.load()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        applies = self.lora.applies(self.layer, "gate_up")
+        if self.packed is not None:
+            x = x.contiguous()
+            if not applies:
+                return kernels.packed_swiglu(x, self.packed, self.width)
+            both = kernels.packed_linear(x, self.packed, 2 * (-(-self.width // 16) * 16), None)
+            return self.lora.swiglu(both, x, self.layer, self.width)
+        if self.both is None:  # pragma: no cover - one of the two is always set
+            raise RuntimeError("LoRAGatedMLP has no weight")
         both = self.both(x)  # (T, 2I)
-        self.lora.add_delta(both, x, self.layer, "gate_up")
+        if applies:
+            self.lora.add_delta(both, x, self.layer, "gate_up")
         if self.fused_act:
             return kernels.silu_mul(both.contiguous())
         gate, up = both.chunk(2, dim=-1)

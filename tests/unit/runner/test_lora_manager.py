@@ -1,6 +1,7 @@
 """runner.lora on hand-written PEFT files (no model): per-row deltas equal s * B A x for each
-row's own adapter and exactly 0 for base rows; slots and the loaded-adapter cache evict the
-least recently used; adapters that do not fit are refused."""
+row's own adapter and exactly 0 for base rows, the compiled kernels' and the torch path's
+alike; slots and the loaded-adapter cache evict the least recently used; adapters that do not
+fit are refused."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.messages import LoRARequest
+from modelyard.runner import kernels
 from modelyard.runner.lora import BaseShapes, LoRAManager
 
 pytestmark = pytest.mark.unit
@@ -91,6 +94,33 @@ def test_each_row_gets_its_own_adapters_delta_and_base_rows_get_zero(tmp_path: P
     outside = torch.zeros(5, 16)
     m.add_delta(outside, x, 1, "qkv")  # outside a step: nothing
     assert torch.equal(outside, torch.zeros(5, 16))
+
+
+@pytest.mark.skipif(not kernels.load(), reason="compiled kernels not built")
+def test_the_kernels_give_the_torch_paths_deltas_and_swiglu(tmp_path: Path) -> None:
+    modules = tuple(SHAPES.modules)
+    paths = [write_adapter(tmp_path / n, i, modules=modules) for i, n in enumerate("ab")]
+    m = manager()
+    x, h = torch.randn(6, 8), torch.randn(6, 12)
+    rows = [(lora("a", paths[0]), 2), (None, 1), (lora("b", paths[1]), 3)]
+    gate, up = torch.randn(12, 8), torch.randn(12, 8)
+    packed = kernels.pack_swiglu(gate, up)  # 16 gate columns, 16 up columns (12 + padding)
+    out = {}
+    for kernel in (True, False):
+        m.kernel = kernel
+        with m.step(rows):
+            ys = [torch.randn(6, w, generator=torch.Generator().manual_seed(w)) for w in (16, 8)]
+            m.add_delta(ys[0], x, 0, "qkv")
+            m.add_delta(ys[1], h, 1, "down")
+            both = torch.cat([x @ gate.T, x @ up.T], 1)
+            m.add_delta(both, x, 1, "gate_up")
+            act = F.silu(both[:, :12]) * both[:, 12:]
+            if kernel:
+                fused = m.swiglu(kernels.packed_linear(x, packed, 32, None), x, 1, 12)
+                assert torch.allclose(fused, act, atol=1e-5)
+            out[kernel] = [*ys, act]
+    for with_kernel, with_torch in zip(out[True], out[False], strict=True):
+        assert torch.allclose(with_kernel, with_torch, atol=1e-5)
 
 
 def test_slots_and_loaded_adapters_evict_the_least_recently_used(tmp_path: Path) -> None:

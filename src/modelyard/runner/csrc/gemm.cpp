@@ -6,8 +6,9 @@
 // W[p*16 .. p*16+15][k] for k = 0..K-1, 16 floats per k (zero columns pad the last panel).
 // The micro-kernel keeps a 6 x 16 block of y in 12 vector registers and, per k, loads two
 // vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
-// shape); built for AVX-512, a 12 x 16 block in 12 registers of 16 floats. x's rows are first
-// copied k-major per micro-kernel call (pack_rows), so the broadcasts read one stream. K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
+// shape); built for AVX-512, a 12 x 32 block (two panels) in 24 registers of 16 floats. x's
+// rows are first copied k-major per micro-kernel call (pack_rows), so the broadcasts read one
+// stream. K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
 // in L1 while every row block of x passes over it; groups of panels are claimed by the ATen
 // thread pool's threads in turn (claim.h). For a Llama MLP's gate and up projections
 // (pack_swiglu, packed_swiglu) gate and up panels alternate and silu(gate) * up is applied to
@@ -43,16 +44,49 @@ constexpr int64_t kMC = 96;   // rows of x per cache block (prefill sizes)
 using vec = modelyard::v16;
 constexpr int64_t kMR = 12;  // rows of x per micro-kernel call: 12 accumulators
 inline vec broadcast(float v) { return vec{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+// two panels per micro-kernel call (24 accumulators of the 32 registers): each x broadcast
+// feeds two FMAs, halving the loads per FMA
+constexpr bool kPairs = true;
 #else
 using vec = v8;
 constexpr int64_t kMR = 6;  // rows of x per micro-kernel call: 6 x 2 accumulators
 inline vec broadcast(float v) { return splat(v); }
+constexpr bool kPairs = false;  // 24 accumulators would not fit in 16 registers
 #endif
 constexpr int kVecs = kNR / (sizeof(vec) / sizeof(float));  // vectors per panel row
 constexpr int kLanes = kNR / kVecs;
 
 inline v8 load(const float* p) { return *reinterpret_cast<const v8*>(p); }
 inline vec load_vec(const float* p) { return *reinterpret_cast<const vec*>(p); }
+
+// Where one panel's products go: y (row stride ldy, ncols of the panel's 16 columns), and the
+// bias to add (nullptr but in the last K chunk).
+struct Target {
+  float* y;
+  int64_t ldy, ncols;
+  const float* bias;
+};
+
+// One row of a micro-kernel's block into out (ncols of a panel's 16): stored by the first K
+// chunk, added by later ones; bias (or nullptr) added by the last.
+inline void store_row(const vec (&acc)[kVecs], bool first, const float* bias, float* out,
+                      int64_t ncols) {
+  if (ncols == kNR) {  // a whole panel: vector stores
+    for (int h = 0; h < kVecs; ++h) {
+      vec r = acc[h];
+      if (!first) r = load_vec(out + h * kLanes) + r;
+      if (bias != nullptr) r += load_vec(bias + h * kLanes);
+      *reinterpret_cast<vec*>(out + h * kLanes) = r;
+    }
+    return;
+  }
+  alignas(64) float row[kNR];
+  for (int h = 0; h < kVecs; ++h) *reinterpret_cast<vec*>(row + h * kLanes) = acc[h];
+  for (int64_t j = 0; j < ncols; ++j) {
+    const float prior = first ? 0.f : out[j];
+    out[j] = bias != nullptr ? prior + row[j] + bias[j] : prior + row[j];
+  }
+}
 
 // y[i][0..ncols) (+)= sum over k < k_len of x[k][i] * panel[k][..] for the rows i < MR (x packed
 // k-major by pack_rows, so the MR values of one k are adjacent: each FMA takes its x value as a
@@ -61,60 +95,52 @@ inline vec load_vec(const float* p) { return *reinterpret_cast<const vec*>(p); }
 // first K chunk stores, later ones add to y; the last adds the bias. With PF, one 64-byte line
 // from pf on is prefetched every `pf_every` steps of k (PF is a compile-time switch: a test in
 // the loop costs ~10 % at prefill sizes).
-template <int MR, bool PF>
-inline void micro(const float* x, const float* panel, int64_t k_len, bool first,
-                  const float* bias, float* y, int64_t ldy, int64_t ncols, const float* pf,
-                  int64_t pf_every) {
-  vec acc[MR][kVecs];
-  for (int i = 0; i < MR; ++i) {
-    for (int h = 0; h < kVecs; ++h) acc[i][h] = vec{};
+template <int MR, int NP, bool PF>
+inline void micro(const float* x, const float* panel, int64_t pstride, int64_t k_len, bool first,
+                  const Target* to, const float* pf, int64_t pf_every) {
+  vec acc[NP][MR][kVecs];
+  for (int p = 0; p < NP; ++p) {
+    for (int i = 0; i < MR; ++i) {
+      for (int h = 0; h < kVecs; ++h) acc[p][i][h] = vec{};
+    }
   }
   int64_t countdown = 1;
   for (int64_t k = 0; k < k_len; ++k) {
     if constexpr (PF) {
       if (--countdown == 0) {
-        __builtin_prefetch(pf, 0, 3);
+        for (int p = 0; p < NP; ++p) __builtin_prefetch(pf + p * pstride, 0, 3);
         pf += kNR;
         countdown = pf_every;
       }
     }
-    vec b[kVecs];
-    for (int h = 0; h < kVecs; ++h) b[h] = load_vec(panel + k * kNR + h * kLanes);
+    vec b[NP][kVecs];
+    for (int p = 0; p < NP; ++p) {
+      const float* row = panel + p * pstride + k * kNR;
+      for (int h = 0; h < kVecs; ++h) b[p][h] = load_vec(row + h * kLanes);
+    }
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       const vec a = broadcast(x[k * MR + i]);
-      for (int h = 0; h < kVecs; ++h) acc[i][h] += a * b[h];
+      for (int p = 0; p < NP; ++p) {
+        for (int h = 0; h < kVecs; ++h) acc[p][i][h] += a * b[p][h];
+      }
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    float* out = y + i * ldy;
-    if (ncols == kNR) {  // a whole panel: vector stores
-      for (int h = 0; h < kVecs; ++h) {
-        vec r = acc[i][h];
-        if (!first) r = load_vec(out + h * kLanes) + r;
-        if (bias != nullptr) r += load_vec(bias + h * kLanes);
-        *reinterpret_cast<vec*>(out + h * kLanes) = r;
-      }
-      continue;
-    }
-    alignas(64) float row[kNR];
-    for (int h = 0; h < kVecs; ++h) *reinterpret_cast<vec*>(row + h * kLanes) = acc[i][h];
-    for (int64_t j = 0; j < ncols; ++j) {
-      const float prior = first ? 0.f : out[j];
-      out[j] = bias != nullptr ? prior + row[j] + bias[j] : prior + row[j];
+  for (int p = 0; p < NP; ++p) {
+    for (int i = 0; i < MR; ++i) {
+      store_row(acc[p][i], first, to[p].bias, to[p].y + i * to[p].ldy, to[p].ncols);
     }
   }
 }
 
-template <int MR, bool PF>
-void micro_rows(const float* x, const float* panel, int64_t k_len, bool first, const float* bias,
-                float* y, int64_t ldy, int64_t ncols, int64_t rows, const float* pf,
-                int64_t pf_every) {
+template <int MR, int NP, bool PF>
+void micro_rows(const float* x, const float* panel, int64_t pstride, int64_t k_len, bool first,
+                const Target* to, int64_t rows, const float* pf, int64_t pf_every) {
   switch (rows) {
-    case MR: micro<MR, PF>(x, panel, k_len, first, bias, y, ldy, ncols, pf, pf_every); break;
+    case MR: micro<MR, NP, PF>(x, panel, pstride, k_len, first, to, pf, pf_every); break;
     default:
       if constexpr (MR > 1) {
-        micro_rows<MR - 1, PF>(x, panel, k_len, first, bias, y, ldy, ncols, rows, pf, pf_every);
+        micro_rows<MR - 1, NP, PF>(x, panel, pstride, k_len, first, to, rows, pf, pf_every);
       }
   }
 }
@@ -162,20 +188,24 @@ const float* packed_rows(const float* x, int64_t m0, int64_t rows, int64_t k_len
 
 std::atomic<uint64_t> gemm_calls{0};
 
-// The rows of a block (x packed by pack_rows, its k0 .. k0 + k_len chunk) times one panel chunk.
-// With pf, the k_len lines of the chunk at pf are prefetched, spread evenly over all the calls:
-// call c of C takes lines [c k_len / C, (c + 1) k_len / C), one every C steps of k.
+// The rows of a block (x packed by pack_rows, its k0 .. k0 + k_len chunk) times NP panel chunks
+// (panel, panel + pstride) into `to`. With pf, the k_len lines of the chunk at pf (and at
+// pf + pstride) are prefetched, spread evenly over all the calls: call c of C takes lines
+// [c k_len / C, (c + 1) k_len / C), one every C steps of k.
+template <int NP>
 void row_blocks(const float* xb, int64_t rows, int64_t k_total, int64_t k0, const float* panel,
-                int64_t k_len, bool first, const float* bias, float* y, int64_t ldy,
-                int64_t ncols, const float* pf) {
+                int64_t pstride, int64_t k_len, bool first, const Target* to, const float* pf) {
   split_rows(rows, [&](int64_t c, int64_t calls, int64_t i, int64_t r) {
     const float* xi = xb + i * k_total + k0 * r;
-    float* yi = y + i * ldy;
+    Target rows_to[NP];
+    for (int p = 0; p < NP; ++p) {
+      rows_to[p] = {to[p].y + i * to[p].ldy, to[p].ldy, to[p].ncols, to[p].bias};
+    }
     if (pf != nullptr) {
       const float* lines = pf + c * k_len / calls * kNR;
-      micro_rows<kMR, true>(xi, panel, k_len, first, bias, yi, ldy, ncols, r, lines, calls);
+      micro_rows<kMR, NP, true>(xi, panel, pstride, k_len, first, rows_to, r, lines, calls);
     } else {
-      micro_rows<kMR, false>(xi, panel, k_len, first, bias, yi, ldy, ncols, r, nullptr, 0);
+      micro_rows<kMR, NP, false>(xi, panel, pstride, k_len, first, rows_to, r, nullptr, 0);
     }
   });
 }
@@ -229,8 +259,8 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
     // where this thread goes after this group: the first panel of its next claim
     const float* after =
         following < units ? wp + following % groups * group * per * k_len * kNR : nullptr;
-    // panel p times the rows into out (ldy, ncols wide), the bias (or nullptr) added at the end
-    auto panel = [&](int64_t p, float* out, int64_t ldy, int64_t ncols, const float* bias) {
+    // panels p .. p + np - 1 times the rows into to[0 .. np)
+    auto panels = [&](int64_t p, int np, const Target* to) {
       for (int64_t k0 = 0; k0 < k_len; k0 += k_chunk) {
         const int64_t kc = std::min(k_chunk, k_len - k0);
         const bool last = k0 + kc == k_len;
@@ -242,22 +272,47 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
         // memory anyway; at prefill sizes the chunk is reused by many row blocks and the
         // prefetch only evicts it.
         const float* next = nullptr;
-        if (prefetch) next = !last || p + 1 < end * per ? chunk + kc * kNR : after;
-        row_blocks(xb, rows, k_len, k0, chunk, kc, k0 == 0, last ? bias : nullptr, out, ldy,
-                   ncols, next);
+        if (prefetch) {
+          const bool more = p + np < end * per;  // this claim's next panel, else the next claim's
+          next = !last ? chunk + kc * kNR : more ? wp + (p + np) * k_len * kNR : after;
+        }
+        Target chunk_to[2];
+        for (int i = 0; i < np; ++i) {
+          chunk_to[i] = {to[i].y, to[i].ldy, to[i].ncols, last ? to[i].bias : nullptr};
+        }
+        if (kPairs && np == 2) {
+          row_blocks<2>(xb, rows, k_len, k0, chunk, k_len * kNR, kc, k0 == 0, chunk_to, next);
+        } else {
+          row_blocks<1>(xb, rows, k_len, k0, chunk, 0, kc, k0 == 0, chunk_to, next);
+        }
       }
     };
-    alignas(32) thread_local float gate[kMC * kNR], up[kMC * kNR];
-    for (int64_t q = begin; q < end; ++q) {
-      const int64_t col = q * kNR, ncols = std::min(kNR, n - col);
-      float* out = yp + m0 * n + col;
-      if (!swiglu) {
-        panel(q, out, n, ncols, bp != nullptr ? bp + col : nullptr);
-        continue;
+    alignas(64) thread_local float gate[kMC * kNR], up[kMC * kNR];
+    auto target = [&](int64_t q) -> Target {
+      const int64_t col = q * kNR;
+      return {yp + m0 * n + col, n, std::min(kNR, n - col), bp != nullptr ? bp + col : nullptr};
+    };
+    for (int64_t q = begin; q < end;) {
+      if (swiglu) {  // the gate and up panels of block q: one pair
+        const Target to[2] = {{gate, kNR, kNR, nullptr}, {up, kNR, kNR, nullptr}};
+        if (kPairs) {
+          panels(2 * q, 2, to);
+        } else {
+          panels(2 * q, 1, to);
+          panels(2 * q + 1, 1, to + 1);
+        }
+        const Target out = target(q);
+        swiglu_tile(gate, up, rows, out.y, n, out.ncols);
+        ++q;
+      } else if (kPairs && q + 1 < end) {  // blocks q and q + 1 (adjacent panels): one pair
+        const Target to[2] = {target(q), target(q + 1)};
+        panels(q, 2, to);
+        q += 2;
+      } else {
+        const Target to[1] = {target(q)};
+        panels(q, 1, to);
+        ++q;
       }
-      panel(2 * q, gate, kNR, kNR, nullptr);
-      panel(2 * q + 1, up, kNR, kNR, nullptr);
-      swiglu_tile(gate, up, rows, out, n, ncols);
     }
   });
   return y;

@@ -8,8 +8,8 @@ to the gate/up tiles as it makes them. The lm_head runs only on the rows that ar
 sampled. Weights come straight from the HF safetensors files.
 
 With a LoRAConfig, each layer's projections are wrapped by runner.lora's hooks, which add the
-step's adapter deltas row by row (and the MLP's gate/up run unfused, the activation after the
-delta).
+step's adapter deltas row by row (the MLP's activation after its gate/up deltas); a step without
+adapters runs the same kernels as a model without LoRA.
 """
 
 from __future__ import annotations
