@@ -14,10 +14,10 @@ request with sample=True) into one token per row. Steps, in order (vLLM Sampler 
    tokens, subtracted.
 5. Greedy rows (temperature 0): argmax of the penalized logits.
 6. Other rows: divide by temperature; top_k; top_p (nucleus); min_p (relative to the most likely
-   token); softmax; draw one token. Rows with a seed draw individually from their own
-   torch.Generator (created at first sight, kept across steps and preemption, dropped by
-   `forget`), so a seed gives the same tokens whatever the batch mates; unseeded rows draw
-   together from torch's global generator.
+   token); softmax; draw one token (the inverse of the row's CDF at one uniform draw). Rows with
+   a seed draw their uniform from their own torch.Generator (created at first sight, kept
+   across steps and preemption, dropped by `forget`), so a seed gives the same tokens whatever
+   the batch mates; unseeded rows draw together from torch's global generator.
 """
 
 from __future__ import annotations
@@ -94,23 +94,23 @@ class Sampler:
                 logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
 
     def _choose(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> list[int]:
-        tokens = _argmax(logits)  # (B,) — right for greedy rows, overwritten for others
         rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
-        if not rows:
-            return list(tokens.tolist())
+        if len(rows) < len(requests):
+            tokens = _argmax(logits)  # (B,) — right for greedy rows, overwritten for others
+            if not rows:
+                return list(tokens.tolist())
+        else:  # every row draws: no argmax, no copy of the rows
+            tokens = torch.empty(len(rows), dtype=torch.long)
         row_idx = torch.tensor(rows, dtype=torch.long)
-        probs = _probabilities(logits[row_idx], [requests[i].sampling_params for i in rows])
-        unseeded = [j for j, i in enumerate(rows) if requests[i].sampling_params.seed is None]
-        if unseeded:
-            sel = torch.tensor(unseeded, dtype=torch.long)
-            drawn = torch.multinomial(probs[sel], 1).squeeze(1)
-            tokens[row_idx[sel]] = drawn
+        sampled = logits if len(rows) == len(requests) else logits[row_idx]
+        probs = _probabilities(sampled, [requests[i].sampling_params for i in rows])
+        uniform = torch.rand(len(rows))  # unseeded rows: torch's global generator, together
         for j, i in enumerate(rows):
             req = requests[i]
-            if req.sampling_params.seed is None:
-                continue
-            gen = self._generator(req.request_id, req.sampling_params.seed)
-            tokens[i] = torch.multinomial(probs[j], 1, generator=gen)[0]
+            if req.sampling_params.seed is not None:
+                gen = self._generator(req.request_id, req.sampling_params.seed)
+                uniform[j] = torch.rand(1, generator=gen)[0]
+        tokens[row_idx] = _draw(probs, uniform)
         return list(tokens.tolist())
 
     def _generator(self, request_id: str, seed: int) -> torch.Generator:
@@ -128,6 +128,18 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     if kernels.load() and logits.is_contiguous() and logits.numel():
         return kernels.argmax_rows(logits)
     return logits.argmax(dim=-1)
+
+
+def _draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row of (R, V) probabilities, by inverting each row's cumulative sum at its
+    uniform draw (R,) in [0, 1): the first token whose cumulative sum exceeds u x the row's total,
+    never one of probability 0. torch.multinomial's sampler took ~90 ms over (32, 49152) rows
+    on a 2-core host, this ~1 ms."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1]
+    below = torch.nextafter(total, torch.zeros_like(total))  # u x total stays under the total
+    target = torch.minimum(uniform.to(cdf.dtype) * total, below)
+    return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
 
 
 def _has_penalties(p: SamplingParams) -> bool:
@@ -196,8 +208,9 @@ def _apply_penalties(logits: torch.Tensor, requests: Sequence[ScheduledRequest])
 
 def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """(R, V) penalized logits of the non-greedy rows -> (R, V) filtered probabilities."""
-    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
-    logits = logits / temps.unsqueeze(1)
+    if any(p.temperature != 1.0 for p in params):
+        temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+        logits = logits / temps.unsqueeze(1)
     top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
     top_p = [p.top_p for p in params]
     if any(top_k) or any(tp < 1.0 for tp in top_p):

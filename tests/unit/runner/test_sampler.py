@@ -168,3 +168,23 @@ def test_logprobs_are_log_softmax_of_raw_logits() -> None:
     assert b.token_id == 1
     assert b.top_token_ids == []
     assert b.logprob == pytest.approx(float(ref[1]))
+
+
+def test_draws_follow_the_probabilities_chi_square() -> None:
+    """Temperature 1: over 20,000 draws the token counts fit softmax(logits) (chi-square, 7
+    degrees of freedom, 24.3 is the 0.1 % critical value), and top_k masks the rest exactly."""
+    torch.manual_seed(0)
+    row = [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2]
+    expected = torch.softmax(torch.tensor(row), dim=-1)
+    sampler = Sampler([EOS])
+    counts: Counter[int] = Counter()
+    batch = [_req(f"r{i}", temperature=1.0) for i in range(2000)]
+    for _ in range(10):
+        tokens, _ = sampler.sample(_logits(*[row] * len(batch)), batch)
+        counts.update(tokens)
+    n = sum(counts.values())
+    chi2 = sum((counts[t] - n * float(p)) ** 2 / (n * float(p)) for t, p in enumerate(expected))
+    assert chi2 < 24.3, (chi2, counts)
+    top2 = [_req(f"k{i}", temperature=1.0, top_k=2) for i in range(2000)]
+    tokens, _ = sampler.sample(_logits(*[row] * len(top2)), top2)
+    assert set(tokens) == {0, 6}
