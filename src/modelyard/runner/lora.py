@@ -22,10 +22,11 @@ a group's n modules share their input x):
   The stacks are allocated with the model (their size is the price of LoRA capacity), so
   taking a slot only copies an adapter's matrices.
 
-The hooks (`LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections in runner.models.llama;
-in a step without adapters (or on a layer no adapter targets) they run exactly the base model's
-kernels. With adapters, the float32 MLP runs gate/up as one GEMM on the fused SwiGLU's own
-packed weight, and csrc/lora.cpp adds the deltas and applies the activation in one pass.
+The hooks (runner.lora_hooks: `LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections
+in runner.models.llama; in a step without adapters (or on a layer no adapter targets) they run
+exactly the base model's kernels. With adapters, the float32 MLP runs gate/up as one GEMM on
+the fused SwiGLU's own packed weight, and csrc/lora.cpp adds the deltas and applies the
+activation in one pass.
 """
 
 from __future__ import annotations
@@ -43,13 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.messages import LoRARequest
 from modelyard.runner import kernels
-from modelyard.runner.linear import Linear, int8_weights
 
 #: projection group -> (PEFT module names in output order)
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -353,60 +352,3 @@ class LoRAManager:
             torch.zeros(slots, rank, sum(outs), dtype=self.dtype),
             [sum(outs[:i]) for i in range(len(outs) + 1)],
         )
-
-
-class LoRAProjection:
-    """A base projection plus the step's adapter deltas (the hook llama.py puts on qkv, o and
-    down)."""
-
-    __slots__ = ("base", "group", "layer", "lora")
-
-    def __init__(self, base: Linear, lora: LoRAManager, layer: int, group: str) -> None:
-        self.base = base
-        self.lora = lora
-        self.layer = layer
-        self.group = group
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        if self.lora.applies(self.layer, self.group):
-            self.lora.add_delta(y, x, self.layer, self.group)
-        return y
-
-
-class LoRAGatedMLP:
-    """The MLP's input side of a LoRA model, silu(gate) * up. float32 with the kernels: the
-    base model's fused SwiGLU kernel, or with the step's adapters one GEMM on its packed weight
-    (gate and up columns alternating in 16s) and `LoRAManager.swiglu`. Otherwise [gate | up] in
-    one GEMM, the deltas, then the activation."""
-
-    __slots__ = ("both", "fused_act", "layer", "lora", "packed", "width")
-
-    def __init__(
-        self, gate: torch.Tensor, up: torch.Tensor, lora: LoRAManager, layer: int, *, pack: bool
-    ) -> None:
-        self.width = int(gate.shape[0])
-        self.lora = lora
-        self.layer = layer
-        fused = pack and lora.kernel and not int8_weights()
-        self.packed = kernels.pack_swiglu(gate, up) if fused else None
-        self.both = None if fused else Linear(torch.cat([gate, up]).contiguous(), None, pack=pack)
-        self.fused_act = gate.dtype == torch.bfloat16 and kernels.load()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        applies = self.lora.applies(self.layer, "gate_up")
-        if self.packed is not None:
-            x = x.contiguous()
-            if not applies:
-                return kernels.packed_swiglu(x, self.packed, self.width)
-            both = kernels.packed_linear(x, self.packed, 2 * (-(-self.width // 16) * 16), None)
-            return self.lora.swiglu(both, x, self.layer, self.width)
-        if self.both is None:  # pragma: no cover - one of the two is always set
-            raise RuntimeError("LoRAGatedMLP has no weight")
-        both = self.both(x)  # (T, 2I)
-        if applies:
-            self.lora.add_delta(both, x, self.layer, "gate_up")
-        if self.fused_act:
-            return kernels.silu_mul(both.contiguous())
-        gate, up = both.chunk(2, dim=-1)
-        return F.silu(gate).mul_(up)

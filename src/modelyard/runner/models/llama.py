@@ -26,7 +26,8 @@ from modelyard.engine.config import LoRAConfig
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
-from modelyard.runner.lora import BaseShapes, LoRAGatedMLP, LoRAManager, LoRAProjection
+from modelyard.runner.lora import BaseShapes, LoRAManager
+from modelyard.runner.lora_hooks import LoRAGatedMLP, LoRAProjection
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
