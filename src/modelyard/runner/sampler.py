@@ -95,23 +95,26 @@ class Sampler:
 
     def _choose(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> list[int]:
         rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
-        if len(rows) < len(requests):
-            tokens = _argmax(logits)  # (B,) — right for greedy rows, overwritten for others
-            if not rows:
-                return list(tokens.tolist())
-        else:  # every row draws: no argmax, no copy of the rows
-            tokens = torch.empty(len(rows), dtype=torch.long)
-        row_idx = torch.tensor(rows, dtype=torch.long)
-        sampled = logits if len(rows) == len(requests) else logits[row_idx]
-        probs = _probabilities(sampled, [requests[i].sampling_params for i in rows])
-        uniform = torch.rand(len(rows))  # unseeded rows: torch's global generator, together
-        for j, i in enumerate(rows):
-            req = requests[i]
+        if len(rows) == len(requests):  # every row draws: no argmax, no copy of the rows
+            probs = _probabilities(logits, [r.sampling_params for r in requests])
+            return list(_draw(probs, self._uniforms(requests)).tolist())
+        tokens = _argmax(logits)  # (B,) — right for greedy rows, overwritten for others
+        if rows:
+            chosen = [requests[i] for i in rows]
+            row_idx = torch.tensor(rows, dtype=torch.long)
+            probs = _probabilities(logits[row_idx], [r.sampling_params for r in chosen])
+            tokens[row_idx] = _draw(probs, self._uniforms(chosen))
+        return list(tokens.tolist())
+
+    def _uniforms(self, requests: Sequence[ScheduledRequest]) -> torch.Tensor:
+        """One uniform draw per request: unseeded ones together from torch's global generator,
+        seeded ones from their own."""
+        uniform = torch.rand(len(requests))
+        for j, req in enumerate(requests):
             if req.sampling_params.seed is not None:
                 gen = self._generator(req.request_id, req.sampling_params.seed)
                 uniform[j] = torch.rand(1, generator=gen)[0]
-        tokens[row_idx] = _draw(probs, uniform)
-        return list(tokens.tolist())
+        return uniform
 
     def _generator(self, request_id: str, seed: int) -> torch.Generator:
         gen = self._generators.get(request_id)
