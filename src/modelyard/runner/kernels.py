@@ -4,7 +4,8 @@ csrc/: `paged_decode.cpp` attention straight from the paged KV cache; `fused_ops
 layer's element-wise steps in one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU);
 `gemm.cpp` / `gemm_bf16.cpp` / `gemm_amx.cpp` / `gemm_int8.cpp` the linear layers on weights
 packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA adapters' deltas
-(runner.lora); `claim.h` splits work across threads.
+(runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows (runner.sampler);
+`claim.h` splits work across threads.
 torch's extension builder (g++, ninja) builds them into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`) under a name hashing sources, torch version and CPU flags, one
 builder at a time (runner.build_lock); `scripts/setup` builds ahead. A failed build or
@@ -178,6 +179,17 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) for x (R, V) float32 or bfloat16 contiguous: the first maximum
     (NaN counts as the maximum), faster than torch's CPU argmax (docs/benchmarks.md)"""
     out: torch.Tensor = torch.ops.modelyard_kernels.argmax_rows(x)
+    return out
+
+
+def sample_rows(
+    logits: torch.Tensor, inv_temperature: torch.Tensor, uniform: torch.Tensor
+) -> torch.Tensor:
+    """One token per row of logits (R, V) float32 or bfloat16 contiguous, drawn from
+    softmax(logits x inv_temperature (R,) float32) by inverting the row's CDF at uniform (R,)
+    float64 in [0, 1); tokens more than 87 (scaled) below the row's maximum, -inf included,
+    are never drawn. -> (R,) int64."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.sample_rows(logits, inv_temperature, uniform)
     return out
 
 

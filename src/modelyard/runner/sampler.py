@@ -15,6 +15,8 @@ request with sample=True) into one token per row. Steps, in order (vLLM Sampler 
 5. Greedy rows (temperature 0): argmax of the penalized logits.
 6. Other rows: divide by temperature; top_k; top_p (nucleus); min_p (relative to the most likely
    token); softmax; draw one token (the inverse of the row's CDF at one uniform draw). Rows with
+   no filter (the OpenAI default) take all of step 6 in one compiled kernel
+   (`kernels.sample_rows`) where it is built. Rows with
    a seed draw their uniform from their own torch.Generator (created at first sight, kept
    across steps and preemption, dropped by `forget`), so a seed gives the same tokens whatever
    the batch mates; unseeded rows draw together from torch's global generator.
@@ -52,7 +54,8 @@ class Sampler:
             # in the model's dtype: widening bf16 to float32 is exact, so the argmax is the same
             # (and a (32, 49152) float32 copy per decode step is saved)
             return _argmax(logits).tolist(), [None] * len(requests)
-        logits = logits.to(torch.float32, copy=True)  # modified in place below
+        # a copy only where min_tokens or penalties modify the logits in place below
+        logits = logits.to(torch.float32, copy=any(self._modifies(r) for r in requests))
         params = [r.sampling_params for r in requests]
         raw_logprobs = _raw_logprobs(logits, params)
         self._apply_min_tokens(logits, requests)
@@ -86,25 +89,46 @@ class Sampler:
         seed = request.sampling_params.seed
         return None if seed is None else self._generator(request.request_id, seed)
 
+    @staticmethod
+    def _modifies(req: ScheduledRequest) -> bool:
+        p = req.sampling_params
+        return _has_penalties(p) or len(req.output_token_ids) < p.min_tokens
+
     def _apply_min_tokens(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> None:
+        rows: list[int] = []
+        banned: list[int] = []
         for i, req in enumerate(requests):
             p = req.sampling_params
             if len(req.output_token_ids) < p.min_tokens:
-                banned = [*self._eos_token_ids, *p.stop_token_ids]
-                logits[i, torch.tensor(banned, dtype=torch.long)] = float("-inf")
+                ids = [*self._eos_token_ids, *p.stop_token_ids]
+                rows += [i] * len(ids)
+                banned += ids
+        if rows:  # one indexed write for the batch
+            logits[torch.tensor(rows), torch.tensor(banned, dtype=torch.long)] = float("-inf")
 
     def _choose(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> list[int]:
         rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if len(rows) == len(requests):  # every row draws: no argmax, no copy of the rows
-            probs = _probabilities(logits, [r.sampling_params for r in requests])
-            return list(_draw(probs, self._uniforms(requests)).tolist())
+            return list(self._draw_rows(logits, requests).tolist())
         tokens = _argmax(logits)  # (B,) — right for greedy rows, overwritten for others
         if rows:
-            chosen = [requests[i] for i in rows]
             row_idx = torch.tensor(rows, dtype=torch.long)
-            probs = _probabilities(logits[row_idx], [r.sampling_params for r in chosen])
-            tokens[row_idx] = _draw(probs, self._uniforms(chosen))
+            tokens[row_idx] = self._draw_rows(logits[row_idx], [requests[i] for i in rows])
         return list(tokens.tolist())
+
+    def _draw_rows(
+        self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
+    ) -> torch.Tensor:
+        """One token per row of (R, V) penalized logits, every row sampling: rows with no
+        top-k / top-p / min-p filter in one pass of the compiled kernel where it is built (the
+        same distribution and draw rule as the torch path, ~1 ms instead of ~5-9 ms over
+        (32, 49152)), else temperature, filters, softmax and `_draw`."""
+        params = [r.sampling_params for r in requests]
+        uniform = self._uniforms(requests)
+        if all(_unfiltered(p) for p in params) and kernels.load() and logits.is_contiguous():
+            inv_t = torch.tensor([1.0 / p.temperature for p in params], dtype=torch.float32)
+            return kernels.sample_rows(logits, inv_t, uniform.to(torch.float64))
+        return _draw(_probabilities(logits, params), uniform)
 
     def _uniforms(self, requests: Sequence[ScheduledRequest]) -> torch.Tensor:
         """One uniform draw per request: unseeded ones together from torch's global generator,
@@ -147,6 +171,10 @@ def _draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 def _has_penalties(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _unfiltered(p: SamplingParams) -> bool:
+    return p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0
 
 
 def _is_plain_greedy(req: ScheduledRequest) -> bool:

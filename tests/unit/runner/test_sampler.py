@@ -10,6 +10,7 @@ import torch
 
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.runner import kernels
 from modelyard.runner.sampler import Sampler
 
 pytestmark = pytest.mark.unit
@@ -188,3 +189,59 @@ def test_draws_follow_the_probabilities_chi_square() -> None:
     top2 = [_req(f"k{i}", temperature=1.0, top_k=2) for i in range(2000)]
     tokens, _ = sampler.sample(_logits(*[row] * len(top2)), top2)
     assert set(tokens) == {0, 6}
+
+
+needs_kernels = pytest.mark.skipif(not kernels.load(), reason="compiled kernels not built")
+
+
+def _reference_draw(logits: torch.Tensor, inv_t: torch.Tensor, uniform: torch.Tensor) -> list[int]:
+    """The inverse-CDF rule in float64: the first token whose cumulative probability passes u."""
+    probs = torch.softmax(logits.double() * inv_t.double().unsqueeze(1), dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    target = (uniform * cdf[:, -1]).unsqueeze(1)
+    return [int(t) for t in torch.searchsorted(cdf, target, right=True).squeeze(1)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_draw_inverts_the_cdf_like_the_torch_rule(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    rows, vocab = 64, 49157  # several chunks and a ragged tail
+    logits = (torch.randn(rows, vocab, generator=gen) * 3).to(dtype)
+    logits[:, ::7] = float("-inf")  # masked tokens
+    inv_t = torch.rand(rows, generator=gen) * 2 + 0.25
+    uniform = torch.rand(rows, generator=gen, dtype=torch.float64)
+    got = kernels.sample_rows(logits.contiguous(), inv_t, uniform).tolist()
+    want = _reference_draw(logits.float(), inv_t, uniform)
+    probs = torch.softmax(logits.double() * inv_t.double().unsqueeze(1), dim=-1)
+    cdf = probs.cumsum(dim=-1) / probs.sum(dim=-1, keepdim=True)
+    for r in range(rows):
+        if got[r] != want[r]:  # only where u sits within float rounding of a CDF step
+            assert abs(float(cdf[r, min(got[r], want[r])]) - float(uniform[r])) < 1e-5
+        assert got[r] % 7 != 0  # a masked token is never drawn
+
+
+@needs_kernels
+def test_native_draw_never_takes_a_zero_probability_token() -> None:
+    vocab = 49152
+    logits = torch.full((3, vocab), float("-inf"))
+    logits[:, [5, 700, vocab - 1]] = torch.tensor([0.0, 1.0, 2.0])
+    uniform = torch.tensor([0.0, 0.5, 1.0 - 1e-12], dtype=torch.float64)
+    got = kernels.sample_rows(logits, torch.ones(3), uniform).tolist()
+    assert got[0] == 5
+    assert got[2] == vocab - 1
+    assert got[1] in (700, vocab - 1)
+    # 90 below the maximum after scaling: probability 0 (exp < 1.6e-38)
+    far = torch.tensor([[0.0, -90.0, -200.0]])
+    draws = {
+        int(kernels.sample_rows(far, torch.ones(1), torch.tensor([u], dtype=torch.float64))[0])
+        for u in (0.0, 0.5, 1.0 - 1e-12)
+    }
+    assert draws == {0}
+
+
+@needs_kernels
+def test_native_draw_of_a_non_finite_row_is_its_argmax() -> None:
+    logits = torch.tensor([[float("-inf")] * 4, [0.0, float("inf"), 1.0, 2.0]])
+    got = kernels.sample_rows(logits, torch.ones(2), torch.full((2,), 0.5, dtype=torch.float64))
+    assert got.tolist() == [0, 1]

@@ -56,6 +56,9 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   m.def("packed_swiglu_amx(Tensor x, Tensor packed, int width) -> Tensor");
   m.impl("packed_linear_amx", c10::DispatchKey::CPU, &packed_linear_amx);
   m.impl("packed_swiglu_amx", c10::DispatchKey::CPU, &packed_swiglu_amx);
+  // sampling.cpp
+  m.def("sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniform) -> Tensor");
+  m.impl("sample_rows", c10::DispatchKey::CPU, &sample_rows);
   // gemm_int8.cpp
   m.def("packed_linear_int8(Tensor x, Tensor packed, Tensor scale, int n, Tensor? bias) -> Tensor");
   m.impl("packed_linear_int8", c10::DispatchKey::CPU, &packed_linear_int8);

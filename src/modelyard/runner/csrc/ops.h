@@ -48,6 +48,10 @@ bool amx_ready();
 at::Tensor packed_linear_amx(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 at::Tensor packed_swiglu_amx(const at::Tensor& x, const at::Tensor& packed, int64_t width);
 
+// sampling.cpp
+at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperature,
+                       const at::Tensor& uniform);
+
 // gemm_int8.cpp
 at::Tensor packed_linear_int8(const at::Tensor& x, const at::Tensor& packed,
                               const at::Tensor& scale, int64_t n,
