@@ -12,7 +12,7 @@ LLAMA=(--llamacpp-python "$PEERS/llama-venv/bin/python" --llamacpp-gguf "$PEERS/
 run() { echo "== $*" >&2; flock /work/bench.lock "$@"; }
 run "$PY" benchmarks/engine_throughput.py --dtypes float32 bfloat16 --textbook-output-tokens 32 \
   "${VLLM[@]}"
-run "$PY" benchmarks/serving.py --dtype bfloat16
+run "$PY" benchmarks/serving.py --dtype bfloat16 --concurrency 32 --rounds 3
 for dtype in bfloat16 float32; do
   servers=(modelyard vllm); [ "$dtype" = bfloat16 ] && servers+=(llamacpp)
   run "$PY" benchmarks/compare_servers.py --dtype "$dtype" --num-requests 32 --input-len 128 \

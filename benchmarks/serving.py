@@ -1,13 +1,19 @@
 """What HTTP costs: the same workload through the server vs the engine called in-process.
 
 In-process: `AsyncLLM` (the same worker process + IPC the server uses) driven from this
-process. HTTP: a real `modelyard serve` process on loopback, streaming /v1/completions with
-httpx. Both: ~128-token prompts, exactly 128 output tokens (ignore_eos), greedy, closed loop at
-concurrency 1 and 32. Each path and each point gets prompts of its own (the warm-up too), so no
-prefix cache serves one from another's. Targets: HTTP costs <= 5 % of output throughput at
-c=32; TTFT p50 at c=1 within 1.3x of in-process.
+process. HTTP: a real `modelyard serve` process on loopback, streaming /v1/completions, read by
+aiohttp (the load client vLLM's benchmark uses; on two cores the client's CPU per token comes
+out of the engine's share, and aiohttp's C parser takes about half of httpx's). Both:
+~128-token prompts, exactly 128 output tokens (ignore_eos), greedy, closed loop at concurrency
+1 and 32, the default catalog's engine settings.
 
-    .venv/bin/python benchmarks/serving.py
+Both stay up for the whole run and take turns: each round measures every concurrency in-process
+and then over HTTP, and the ratios are per round, then their median, since a shared host's speed
+drifts between minutes by more than the cost measured. Each path, round and point gets prompts
+of its own (the warm-ups too), so no prefix cache serves one from another's. Targets: HTTP
+output throughput at c=32 >= 0.95x in-process; TTFT p50 at c=1 within 1.3x of in-process.
+
+    .venv/bin/python benchmarks/serving.py --dtype bfloat16 --concurrency 32 --rounds 3
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +59,10 @@ class Samples:
         }
 
 
-async def closed_loop(one: Any, prompts: list[list[int]], concurrency: int) -> dict[str, Any]:
+One = Callable[[list[int], "Samples"], Awaitable[None]]
+
+
+async def closed_loop(one: One, prompts: list[list[int]], concurrency: int) -> dict[str, Any]:
     samples, queue = Samples(), list(prompts)
 
     async def client() -> None:
@@ -64,24 +74,26 @@ async def closed_loop(one: Any, prompts: list[list[int]], concurrency: int) -> d
     return samples.summary(time.perf_counter() - start, len(prompts))
 
 
-async def run_inprocess(args: argparse.Namespace, prompts: dict[int, list[list[int]]]) -> Any:
+async def start_inprocess(dtype: str) -> Any:
+    """AsyncLLM with the default catalog entry's engine settings (those `modelyard serve` uses)."""
     from modelyard.engine.async_llm import AsyncLLM
     from modelyard.engine.config import EngineConfig, ModelConfig
-    from modelyard.engine.sampling_params import SamplingParams
-
-    # the same engine settings as the default catalog's entry that `modelyard serve` uses
     from modelyard.manager.catalog import load_catalog
     from modelyard.manager.loaders import engine_config_for
 
-    spec = load_catalog(None).resolve(MODEL_ID)
-    config = engine_config_for(spec)
+    config = engine_config_for(load_catalog(None).resolve(MODEL_ID))
     config = EngineConfig(
-        model=ModelConfig(**{**config.model.__dict__, "dtype": args.dtype}),
+        model=ModelConfig(**{**config.model.__dict__, "dtype": dtype}),
         cache=config.cache,
         scheduler=config.scheduler,
     )
-    llm = await AsyncLLM.start(config, model_name=MODEL_ID)
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, ignore_eos=True)
+    return await AsyncLLM.start(config, model_name=MODEL_ID)
+
+
+def inprocess_client(llm: Any, output_tokens: int) -> One:
+    from modelyard.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
     counter = iter(range(10**9))
 
     async def one(prompt: list[int], samples: Samples) -> None:
@@ -90,85 +102,108 @@ async def run_inprocess(args: argparse.Namespace, prompts: dict[int, list[list[i
         async for out in llm.generate(prompt, params, f"b{next(counter)}"):
             now = time.perf_counter()
             n = sum(len(d.token_ids) for d in out.deltas)
+            samples.tokens += n
             # like the HTTP client: time the deltas that carry text (a token can decode to "")
             if n == 0 or not any(d.text for d in out.deltas):
-                samples.tokens += n
                 continue
-            samples.tokens += n
             (samples.ttfts if first else samples.itls).append(now - (start if first else last))
             first, last = False, now
 
-    try:
-        await one(prompts[0][0], Samples())  # warm-up
-        return {str(c): await closed_loop(one, prompts[c], c) for c in args.concurrency}
-    finally:
-        await llm.shutdown()
+    return one
 
 
-async def run_http(base: str, args: argparse.Namespace, prompts: dict[int, list[list[int]]]) -> Any:
-    import httpx
+def http_client(session: Any, output_tokens: int) -> One:
+    async def one(prompt: list[int], samples: Samples) -> None:
+        body = {
+            "model": MODEL_ID,
+            "prompt": prompt,
+            "max_tokens": output_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        start = last = time.perf_counter()
+        first = True
+        async with session.post("/v1/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):  # the server's count: a chunk may carry several
+                    samples.tokens += chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices") or chunk["choices"][0].get("text") in (None, ""):
+                    continue
+                now = time.perf_counter()
+                (samples.ttfts if first else samples.itls).append(now - (start if first else last))
+                first, last = False, now
 
-    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
-        await _wait_ready(client)
-
-        async def one(prompt: list[int], samples: Samples) -> None:
-            body = {
-                "model": MODEL_ID,
-                "prompt": prompt,
-                "max_tokens": args.output_tokens,
-                "temperature": 0.0,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            start = last = time.perf_counter()
-            first = True
-            async with client.stream("POST", "/v1/completions", json=body) as response:
-                response.raise_for_status()
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if chunk.get("usage"):  # the server's count: a chunk may carry several
-                        samples.tokens += chunk["usage"]["completion_tokens"]
-                    if not chunk.get("choices") or chunk["choices"][0].get("text") in (None, ""):
-                        continue
-                    now = time.perf_counter()
-                    (samples.ttfts if first else samples.itls).append(
-                        now - (start if first else last)
-                    )
-                    first, last = False, now
-
-        await one(prompts[0][0], Samples())
-        return {str(c): await closed_loop(one, prompts[c], c) for c in args.concurrency}
+    return one
 
 
-def serve_and_run(args: argparse.Namespace, prompts: dict[int, list[list[int]]]) -> Any:
-    port = free_port()
-    with open(Path(args.log_dir) / "serving_server.log", "w") as log:
-        server = subprocess.Popen(
-            modelyard_cli("serve", "--port", str(port), "--dtype", args.dtype),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ},
-        )
-        try:
-            return asyncio.run(run_http(f"http://127.0.0.1:{port}", args, prompts))
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=60)
-
-
-async def _wait_ready(client: Any, limit_s: float = 300.0) -> None:
+async def _wait_ready(session: Any, server: subprocess.Popen[bytes], limit_s: float = 600) -> None:
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and server.poll() is None:
         try:
-            if (await client.get("/ready")).status_code == 200:
-                return
+            async with session.get("/ready") as response:
+                if response.status == 200:
+                    return
         except Exception:
             pass
         await asyncio.sleep(0.5)
     raise TimeoutError("server did not become ready")
+
+
+async def measure(
+    args: argparse.Namespace,
+    prompts: Callable[[str, int], list[list[int]]],
+    server: subprocess.Popen[bytes],
+    port: int,
+) -> Any:
+    """Rounds of {concurrency: summary} for each path, the two paths taking turns."""
+    import aiohttp
+
+    llm = await start_inprocess(args.dtype)
+    timeout = aiohttp.ClientTimeout(total=900)
+    connector = aiohttp.TCPConnector(limit=max(args.concurrency))
+    try:
+        async with aiohttp.ClientSession(
+            f"http://127.0.0.1:{port}", timeout=timeout, connector=connector
+        ) as session:
+            await _wait_ready(session, server)
+            paths = {
+                "in_process": inprocess_client(llm, args.output_tokens),
+                "http": http_client(session, args.output_tokens),
+            }
+            for name, one in paths.items():
+                await one(prompts(f"{name}-warm", 1)[0], Samples())
+            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+            for r in range(args.rounds):
+                for name, one in paths.items():
+                    rounds[name].append(
+                        {
+                            str(c): await closed_loop(one, prompts(f"{name}-r{r}-c{c}", c), c)
+                            for c in args.concurrency
+                        }
+                    )
+            return rounds
+    finally:
+        await llm.shutdown()
+
+
+def ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    pairs = list(zip(rounds["in_process"], rounds["http"], strict=True))
+    if all("32" in h for _, h in pairs):
+        per_round = [h["32"]["output_tok_s"] / i["32"]["output_tok_s"] for i, h in pairs]
+        out["http_over_in_process_c32"] = [round(x, 3) for x in per_round]
+        out["http_over_in_process_c32_median"] = round(statistics.median(per_round), 3)
+    if all("1" in h for _, h in pairs):
+        per_round = [h["1"]["ttft_p50_ms"] / i["1"]["ttft_p50_ms"] for i, h in pairs]
+        out["ttft_p50_ratio_c1"] = [round(x, 2) for x in per_round]
+        out["ttft_p50_ratio_c1_median"] = round(statistics.median(per_round), 2)
+    return out
 
 
 def main() -> None:
@@ -178,6 +213,7 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--requests-c1", type=int, default=4)
     parser.add_argument("--requests-c32", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], choices=[1, 32])
     args = parser.parse_args()
@@ -186,36 +222,28 @@ def main() -> None:
     from modelyard.runner.loader import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model(SOURCE).tokenizer_path)
+    counts = {1: args.requests_c1, 32: args.requests_c32}
 
-    def prompts(path: str) -> dict[int, list[list[int]]]:
-        n = args.prompt_tokens
-        return {
-            0: make_prompts(tok, 1, n, f"{path}-warm"),
-            1: make_prompts(tok, args.requests_c1, n, f"{path}-c1"),
-            32: make_prompts(tok, args.requests_c32, n, f"{path}-c32"),
-        }
+    def prompts(tag: str, concurrency: int) -> list[list[int]]:
+        return make_prompts(tok, counts.get(concurrency, 1), args.prompt_tokens, tag)
 
-    inproc = asyncio.run(run_inprocess(args, prompts("inproc")))
-    http = serve_and_run(args, prompts("http"))
-    ratios = {}
-    if "32" in http:
-        ratios["http_throughput_cost_c32"] = round(
-            1 - http["32"]["output_tok_s"] / inproc["32"]["output_tok_s"], 3
+    port = free_port()
+    with open(Path(args.log_dir) / "serving_server.log", "w") as log:
+        server = subprocess.Popen(
+            modelyard_cli("serve", "--port", str(port), "--dtype", args.dtype),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-    if "1" in http:
-        ratios["ttft_p50_ratio_c1"] = round(
-            http["1"]["ttft_p50_ms"] / inproc["1"]["ttft_p50_ms"], 2
-        )
-    payload = {
-        "machine": machine_info(),
-        "args": vars(args),
-        "in_process": inproc,
-        "http": http,
-        "ratios": ratios,
-    }
+        try:
+            rounds = asyncio.run(measure(args, prompts, server, port))
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=60)
+    summary = ratios(rounds)
+    payload = {"machine": machine_info(), "args": vars(args), **rounds, "ratios": summary}
     name = "serving" if len(args.concurrency) == 2 else f"serving_c{args.concurrency[0]}"
     path = write_json(f"{name}_{args.dtype}", payload)
-    print(json.dumps({"in_process": inproc, "http": http, "ratios": ratios}, indent=2))
+    print(json.dumps({**rounds, "ratios": summary}, indent=2))
     print(f"wrote {path}", file=sys.stderr)
 
 
