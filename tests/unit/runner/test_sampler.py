@@ -3,6 +3,7 @@ batch mates, and logprobs equal to log_softmax of the raw logits."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -242,6 +243,10 @@ def test_native_draw_never_takes_a_zero_probability_token() -> None:
 
 @needs_kernels
 def test_native_draw_of_a_non_finite_row_is_its_argmax() -> None:
-    logits = torch.tensor([[float("-inf")] * 4, [0.0, float("inf"), 1.0, 2.0]])
-    got = kernels.sample_rows(logits, torch.ones(2), torch.full((2,), 0.5, dtype=torch.float64))
-    assert got.tolist() == [0, 1]
+    nan_row = [0.0] * 20
+    nan_row[11] = float("nan")  # in the vector part of the row
+    logits = torch.tensor(
+        [[float("-inf")] * 20, [0.0, float("inf"), 1.0, 2.0] * 5, nan_row, [0.0] * 19 + [math.nan]]
+    )
+    got = kernels.sample_rows(logits, torch.ones(4), torch.full((4,), 0.5, dtype=torch.float64))
+    assert got.tolist() == [0, 1, 11, 19]

@@ -50,25 +50,26 @@ inline v8 weights8(v8 v, float m, float inv_t) {
   return z < splat(-87.f) ? splat(0.f) : e;
 }
 
+// the row's maximum, or NaN when any logit is NaN
 template <typename T>
 float row_max(const T* x, int64_t n) {
   v8 best = splat(-std::numeric_limits<float>::infinity());
+  modelyard::i8 nan_lanes = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const v8 v = load8(x + i);
     best = v > best ? v : best;
+    nan_lanes |= v != v;
   }
   float m = best[0];
   for (int j = 1; j < 8; ++j) m = std::max(m, best[j]);
+  bool nan = modelyard::any(nan_lanes);
   for (; i < n; ++i) {
     const float v = static_cast<float>(x[i]);
-    if (std::isnan(v)) return v;
+    nan |= std::isnan(v);
     m = std::max(m, v);
   }
-  for (int j = 0; j < 8; ++j) {
-    if (std::isnan(best[j])) return best[j];
-  }
-  return m;
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 // the weights of tokens [begin, end) (a chunk) into out
