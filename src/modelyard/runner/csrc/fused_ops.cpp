@@ -31,6 +31,7 @@
 
 #include "claim.h"
 #include "ops.h"
+#include "rows.h"
 #include "vec.h"
 
 using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
@@ -245,38 +246,10 @@ inline void silu_mul16(const bf16* gate, const bf16* up, bf16* y) {
 }
 #endif
 
-inline v8 load8(const float* x) { return *reinterpret_cast<const v8*>(x); }
-inline v8 load8(const bf16* x) { return modelyard::load_bf16(x); }
-
 // T is float or bf16 (widened exactly, so the bf16 logits' argmax is that of their float copy)
 template <typename T>
 int64_t argmax_row(const T* x, int64_t n) {
-  v8 best = splat(-std::numeric_limits<float>::infinity());
-  modelyard::i8 nan_lanes = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const v8 v = load8(x + i);
-    best = v > best ? v : best;
-    nan_lanes |= v != v;
-  }
-  float m = best[0];
-  for (int j = 1; j < 8; ++j) m = std::max(m, best[j]);
-  bool nan = modelyard::any(nan_lanes);
-  for (; i < n; ++i) {
-    const float v = static_cast<float>(x[i]);
-    m = std::max(m, v);
-    nan |= std::isnan(v);
-  }
-  int64_t j = 0;
-  if (!nan) {  // skip whole vectors without the maximum
-    for (; j + 8 <= n && !modelyard::any(load8(x + j) == splat(m)); j += 8) {
-    }
-  }
-  for (; j < n; ++j) {
-    const float v = static_cast<float>(x[j]);
-    if (nan ? std::isnan(v) : v == m) return j;
-  }
-  return 0;  // not reached: some element equals the maximum
+  return modelyard::first_index_of(x, n, modelyard::row_max(x, n));
 }
 
 }  // namespace

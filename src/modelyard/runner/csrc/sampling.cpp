@@ -20,20 +20,19 @@
 
 #include "claim.h"
 #include "ops.h"
+#include "rows.h"
 #include "vec.h"
 
 using namespace modelyard::ops;  // (the op this file defines at its end, ops.h)
 
 namespace {
 
+using modelyard::load8;
 using modelyard::splat;
 using modelyard::v8;
 using bf16 = at::BFloat16;
 
 constexpr int64_t kChunk = 512;  // tokens per chunk sum (a multiple of 8)
-
-inline v8 load8(const float* x) { return *reinterpret_cast<const v8*>(x); }
-inline v8 load8(const bf16* x) { return modelyard::load_bf16(x); }
 
 // 8 logits from x (n of them valid, the rest as -inf)
 template <typename T>
@@ -50,28 +49,6 @@ inline v8 weights8(v8 v, float m, float inv_t) {
   return z < splat(-87.f) ? splat(0.f) : e;
 }
 
-// the row's maximum, or NaN when any logit is NaN
-template <typename T>
-float row_max(const T* x, int64_t n) {
-  v8 best = splat(-std::numeric_limits<float>::infinity());
-  modelyard::i8 nan_lanes = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const v8 v = load8(x + i);
-    best = v > best ? v : best;
-    nan_lanes |= v != v;
-  }
-  float m = best[0];
-  for (int j = 1; j < 8; ++j) m = std::max(m, best[j]);
-  bool nan = modelyard::any(nan_lanes);
-  for (; i < n; ++i) {
-    const float v = static_cast<float>(x[i]);
-    nan |= std::isnan(v);
-    m = std::max(m, v);
-  }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
-}
-
 // the weights of tokens [begin, end) (a chunk) into out
 template <typename T>
 void chunk_weights(const T* x, int64_t begin, int64_t end, float m, float inv_t, float* out) {
@@ -86,18 +63,9 @@ void chunk_weights(const T* x, int64_t begin, int64_t end, float m, float inv_t,
 }
 
 template <typename T>
-int64_t first_index_of(const T* x, int64_t n, float m) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float v = static_cast<float>(x[j]);
-    if (std::isnan(m) ? std::isnan(v) : v == m) return j;
-  }
-  return 0;
-}
-
-template <typename T>
 int64_t sample_row(const T* x, int64_t n, float inv_t, double u) {
-  const float m = row_max(x, n);
-  if (!std::isfinite(m)) return first_index_of(x, n, m);
+  const float m = modelyard::row_max(x, n);
+  if (!std::isfinite(m)) return modelyard::first_index_of(x, n, m);
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   thread_local std::vector<float> sums, w;
   sums.resize(static_cast<size_t>(chunks));
