@@ -5,7 +5,7 @@ layer's element-wise steps in one pass each (RMSNorm, add + RMSNorm, RoPE + cach
 `gemm.cpp` / `gemm_bf16.cpp` / `gemm_amx.cpp` / `gemm_int8.cpp` the linear layers on weights
 packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA adapters' deltas
 (runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows (runner.sampler);
-`claim.h` splits work across threads.
+`claim.h` splits work across threads; `rows.h` the row scans of argmax and the draw.
 torch's extension builder (g++, ninja) builds them into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`) under a name hashing sources, torch version and CPU flags, one
 builder at a time (runner.build_lock); `scripts/setup` builds ahead. A failed build or
