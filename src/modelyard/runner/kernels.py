@@ -182,17 +182,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def sample_rows(
-    logits: torch.Tensor, inv_temperature: torch.Tensor, uniform: torch.Tensor
-) -> torch.Tensor:
-    """One token per row of logits (R, V) float32 or bfloat16 contiguous, drawn from
-    softmax(logits x inv_temperature (R,) float32) by inverting the row's CDF at uniform (R,)
-    float64 in [0, 1); tokens more than 87 (scaled) below the row's maximum, -inf included,
-    are never drawn. -> (R,) int64."""
-    out: torch.Tensor = torch.ops.modelyard_kernels.sample_rows(logits, inv_temperature, uniform)
-    return out
-
-
 def rope_store(
     qkv: torch.Tensor,
     cos: torch.Tensor,

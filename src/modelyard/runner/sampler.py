@@ -127,7 +127,7 @@ class Sampler:
         uniform = self._uniforms(requests)
         if all(_unfiltered(p) for p in params) and kernels.load() and logits.is_contiguous():
             inv_t = torch.tensor([1.0 / p.temperature for p in params], dtype=torch.float32)
-            return kernels.sample_rows(logits, inv_t, uniform.to(torch.float64))
+            return _native_draw(logits, inv_t, uniform.to(torch.float64))
         return _draw(_probabilities(logits, params), uniform)
 
     def _uniforms(self, requests: Sequence[ScheduledRequest]) -> torch.Tensor:
@@ -167,6 +167,15 @@ def _draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     below = torch.nextafter(total, torch.zeros_like(total))  # u x total stays under the total
     target = torch.minimum(uniform.to(cdf.dtype) * total, below)
     return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
+
+
+def _native_draw(logits: torch.Tensor, inv_t: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """csrc/sampling.cpp: one token per row of logits (R, V) float32 or bfloat16 contiguous,
+    drawn from softmax(logits x inv_t (R,) float32) by inverting the row's CDF at uniform (R,)
+    float64 in [0, 1); tokens more than 87 (scaled) below the row's maximum, -inf included, are
+    never drawn. -> (R,) int64."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.sample_rows(logits, inv_t, uniform)
+    return out
 
 
 def _has_penalties(p: SamplingParams) -> bool:

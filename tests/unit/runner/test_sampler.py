@@ -12,7 +12,7 @@ import torch
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.engine.scheduler_output import ScheduledRequest
 from modelyard.runner import kernels
-from modelyard.runner.sampler import Sampler
+from modelyard.runner.sampler import Sampler, _native_draw
 
 pytestmark = pytest.mark.unit
 
@@ -212,7 +212,7 @@ def test_native_draw_inverts_the_cdf_like_the_torch_rule(dtype: torch.dtype) -> 
     logits[:, ::7] = float("-inf")  # masked tokens
     inv_t = torch.rand(rows, generator=gen) * 2 + 0.25
     uniform = torch.rand(rows, generator=gen, dtype=torch.float64)
-    got = kernels.sample_rows(logits.contiguous(), inv_t, uniform).tolist()
+    got = _native_draw(logits.contiguous(), inv_t, uniform).tolist()
     want = _reference_draw(logits.float(), inv_t, uniform)
     probs = torch.softmax(logits.double() * inv_t.double().unsqueeze(1), dim=-1)
     cdf = probs.cumsum(dim=-1) / probs.sum(dim=-1, keepdim=True)
@@ -228,14 +228,14 @@ def test_native_draw_never_takes_a_zero_probability_token() -> None:
     logits = torch.full((3, vocab), float("-inf"))
     logits[:, [5, 700, vocab - 1]] = torch.tensor([0.0, 1.0, 2.0])
     uniform = torch.tensor([0.0, 0.5, 1.0 - 1e-12], dtype=torch.float64)
-    got = kernels.sample_rows(logits, torch.ones(3), uniform).tolist()
+    got = _native_draw(logits, torch.ones(3), uniform).tolist()
     assert got[0] == 5
     assert got[2] == vocab - 1
     assert got[1] in (700, vocab - 1)
     # 90 below the maximum after scaling: probability 0 (exp < 1.6e-38)
     far = torch.tensor([[0.0, -90.0, -200.0]])
     draws = {
-        int(kernels.sample_rows(far, torch.ones(1), torch.tensor([u], dtype=torch.float64))[0])
+        int(_native_draw(far, torch.ones(1), torch.tensor([u], dtype=torch.float64))[0])
         for u in (0.0, 0.5, 1.0 - 1e-12)
     }
     assert draws == {0}
@@ -248,5 +248,5 @@ def test_native_draw_of_a_non_finite_row_is_its_argmax() -> None:
     logits = torch.tensor(
         [[float("-inf")] * 20, [0.0, float("inf"), 1.0, 2.0] * 5, nan_row, [0.0] * 19 + [math.nan]]
     )
-    got = kernels.sample_rows(logits, torch.ones(4), torch.full((4,), 0.5, dtype=torch.float64))
+    got = _native_draw(logits, torch.ones(4), torch.full((4,), 0.5, dtype=torch.float64))
     assert got.tolist() == [0, 1, 11, 19]
