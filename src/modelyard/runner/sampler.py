@@ -16,9 +16,10 @@ request with sample=True) into one token per row. Steps, in order (vLLM Sampler 
 6. Other rows: divide by temperature; top_k; top_p (nucleus); min_p (relative to the most likely
    token); softmax; draw one token (the inverse of the row's CDF at one uniform draw). Rows with
    no filter (the OpenAI default) take all of step 6 in one compiled pass (`_native_draw`,
-   csrc/sampling.cpp) where the kernels are built. Rows with a seed draw their uniform from their own torch.Generator (created at first sight, kept
-   across steps and preemption, dropped by `forget`), so a seed gives the same tokens whatever
-   the batch mates; unseeded rows draw together from torch's global generator.
+   csrc/sampling.cpp) where the kernels are built. Rows with a seed draw their uniform from
+   their own torch.Generator (created at first sight, kept across steps and preemption, dropped
+   by `forget`), so a seed gives the same tokens whatever the batch mates; unseeded rows draw
+   together from torch's global generator.
 """
 
 from __future__ import annotations
