@@ -17,6 +17,9 @@ is ignored. The other switches:
 - `MODELYARD_WEIGHTS=int8`: weight-only int8 linear layers (a scale per output row; the
   activations stay float32 / bf16): half of bf16's bytes per decode step, a quarter of float32's,
   at a small cost in quality (runner.linear; tests/integration/runner/test_int8_quality.py);
+- `MODELYARD_WEIGHTS=gguf`: a model served from a GGUF file keeps the file's Q4_1 / Q8_0 blocks
+  for its linear layers and lm_head (runner.gguf_weights): the same weights as its float32
+  conversion, ~6x fewer bytes per decode step;
 - `MODELYARD_BF16_GEMM`: when the runner's own bf16 GEMM (AMX tiles, or AVX-512 BF16) replaces
   oneDNN's at decode sizes: `auto` (default) where it gives oneDNN's bits (checked at load),
   `always` wherever it is built (its own summation order where oneDNN's differs), `onednn` never.
@@ -34,7 +37,7 @@ from typing import Literal
 
 HostKind = Literal["amx", "avx512-bf16", "avx512", "avx2", "generic"]
 Bf16Gemm = Literal["auto", "always", "onednn"]
-Weights = Literal["", "int8"]
+Weights = Literal["", "int8", "gguf"]
 KINDS: tuple[HostKind, ...] = ("amx", "avx512-bf16", "avx512", "avx2", "generic")
 _REQUIRED: dict[HostKind, tuple[str, ...]] = {
     "amx": ("amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl"),
@@ -95,7 +98,7 @@ class KernelConfig:
     decode_team: bool = True  # a spinning helper thread inside decode steps
     prefill_sdpa: bool = False  # prompt rows on SDPA instead of the paged kernel
     bf16_gemm: Bf16Gemm = "auto"  # when the runner's own bf16 GEMM replaces oneDNN
-    weights: Weights = ""  # "int8": weight-only int8 linear layers
+    weights: Weights = ""  # "int8" / "gguf": quantized linear layers
 
     def has(self, kind: HostKind) -> bool:
         """True when the selected kind includes `kind`'s instructions."""
@@ -113,8 +116,8 @@ class KernelConfig:
         if gemm not in ("auto", "always", "onednn"):
             raise ValueError(f"MODELYARD_BF16_GEMM must be auto, always or onednn, not {gemm!r}")
         weights = env.get("MODELYARD_WEIGHTS", "")
-        if weights not in ("", "int8"):
-            raise ValueError(f"MODELYARD_WEIGHTS must be int8 or unset, not {weights!r}")
+        if weights not in ("", "int8", "gguf"):
+            raise ValueError(f"MODELYARD_WEIGHTS must be int8, gguf or unset, not {weights!r}")
         return cls(
             isa=isa,
             host=host,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -113,6 +114,7 @@ class ModelRunner:
                     block_size=self.block_size,
                     max_model_len=self._max_model_len,
                     lora=lora,
+                    gguf=_gguf_source(self.resolved),
                 )
             else:
                 self._generic = GenericModel(
@@ -270,6 +272,17 @@ class ModelRunner:
         """The adapters of this forward's rows (nothing to do without LoRA)."""
         lora = self._native.lora if self._native is not None else None
         return lora.step(rows) if lora is not None else contextlib.nullcontext()
+
+
+def _gguf_source(resolved: ResolvedModel) -> Path | None:
+    """The GGUF file whose blocks the linear layers keep (MODELYARD_WEIGHTS=gguf), if any."""
+    if kernel_config().weights != "gguf":
+        return None
+    if resolved.converted_from is None:
+        log.warning(
+            "MODELYARD_WEIGHTS=gguf: %s is not a GGUF file, weights stay float", resolved.path
+        )
+    return resolved.converted_from
 
 
 def _max_model_len(config: object, requested: int | None) -> int:

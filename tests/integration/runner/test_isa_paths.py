@@ -28,6 +28,7 @@ KERNEL_TESTS = [
     "tests/unit/runner/test_fused_ops.py",
     "tests/unit/runner/test_attention.py",
     "tests/unit/runner/test_int8.py",
+    "tests/unit/runner/test_gguf_weights.py",
     "tests/unit/runner/test_sampler.py",
 ]
 ACCEPTANCE = "tests/integration/engine/test_acceptance_smollm2.py"

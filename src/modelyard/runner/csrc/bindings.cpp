@@ -62,4 +62,12 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   // gemm_int8.cpp
   m.def("packed_linear_int8(Tensor x, Tensor packed, Tensor scale, int n, Tensor? bias) -> Tensor");
   m.impl("packed_linear_int8", c10::DispatchKey::CPU, &packed_linear_int8);
+  // gemm_gguf.cpp
+  m.def(
+      "packed_linear_gguf(Tensor x, Tensor packed, int kind, int n, Tensor? bias) -> Tensor");
+  m.def("packed_swiglu_gguf(Tensor x, Tensor packed, int kind, int width) -> Tensor");
+  m.def("dequantize_gguf(Tensor packed, int kind, int n) -> Tensor");
+  m.impl("packed_swiglu_gguf", c10::DispatchKey::CPU, &packed_swiglu_gguf);
+  m.impl("packed_linear_gguf", c10::DispatchKey::CPU, &packed_linear_gguf);
+  m.impl("dequantize_gguf", c10::DispatchKey::CPU, &dequantize_gguf);
 }

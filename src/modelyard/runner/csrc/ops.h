@@ -57,4 +57,11 @@ at::Tensor packed_linear_int8(const at::Tensor& x, const at::Tensor& packed,
                               const at::Tensor& scale, int64_t n,
                               const c10::optional<at::Tensor>& bias);
 
+// gemm_gguf.cpp
+at::Tensor packed_linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
+                              int64_t n, const c10::optional<at::Tensor>& bias);
+at::Tensor packed_swiglu_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
+                              int64_t width);
+at::Tensor dequantize_gguf(const at::Tensor& packed, int64_t kind, int64_t n);
+
 }  // namespace modelyard::ops

@@ -14,6 +14,7 @@ adapters runs the same kernels as a model without LoRA.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,13 @@ from safetensors.torch import load_file
 from modelyard.engine.config import LoRAConfig
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
+from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, concat
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
 from modelyard.runner.lora import BaseShapes, LoRAManager
 from modelyard.runner.lora_hooks import LoRAGatedMLP, LoRAProjection
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
+log = logging.getLogger(__name__)
 
 NATIVE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 _STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -74,7 +77,10 @@ class LlamaModel:
         block_size: int,
         max_model_len: int,
         lora: LoRAConfig | None = None,
+        gguf: Path | None = None,
     ) -> None:
+        """`gguf`: the GGUF file `path` was converted from, to keep its quantized blocks for
+        the linear layers (runner.gguf_weights; not with LoRA)."""
         self.config = config
         self.dtype = dtype
         self.num_heads: int = config.num_attention_heads
@@ -93,12 +99,17 @@ class LlamaModel:
         tied = getattr(config, "tie_word_embeddings", False) or head is None
         pack = packing_available(dtype)
         self.lora = LoRAManager(lora, BaseShapes.of(config), dtype) if lora is not None else None
+        blocks = _gguf_blocks(gguf, config, self.lora)
         # H -> V; packing a tied head makes its own copy, the embedding table stays for lookups
-        self.lm_head = Linear(
-            self.embed if tied or head is None else head.to(dtype), None, pack=pack
+        head_blocks = blocks.lm_head() if blocks is not None else None
+        self.lm_head: Projection = (
+            GGUFLinear(head_blocks, None)
+            if head_blocks is not None
+            else Linear(self.embed if tied or head is None else head.to(dtype), None, pack=pack)
         )
         self.layers = [
-            _layer(state, i, dtype, pack, self.lora) for i in range(config.num_hidden_layers)
+            _layer(state, i, dtype, pack, self.lora, blocks)
+            for i in range(config.num_hidden_layers)
         ]
         del state
         tables = _rotary_tables(config, self.head_dim, dtype, max_model_len)
@@ -249,13 +260,28 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _gguf_blocks(gguf: Path | None, config: Any, lora: LoRAManager | None) -> GGUFWeights | None:
+    if gguf is None:
+        return None
+    if lora is not None or not kernels.load():
+        log.warning("GGUF blocks not used: %s", "LoRA is on" if lora else "no compiled kernels")
+        return None
+    log.info("linear layers on the quantized blocks of %s", gguf.name)
+    return GGUFWeights(gguf, config)
+
+
 def _layer(
     state: dict[str, torch.Tensor],
     index: int,
     dtype: torch.dtype,
     pack: bool,
     lora: LoRAManager | None,
+    blocks: GGUFWeights | None = None,
 ) -> LayerWeights:
+    if blocks is not None:
+        quantized = _gguf_layer(state, index, dtype, blocks)
+        if quantized is not None:
+            return quantized
     prefix = f"model.layers.{index}."
 
     def get(name: str) -> torch.Tensor:
@@ -291,3 +317,26 @@ def _layer(
             **norms,
         )
     return LayerWeights(qkv=qkv, o=o, mlp_in=SwiGLU(gate, up, pack=pack), down=down, **norms)
+
+
+def _gguf_layer(
+    state: dict[str, torch.Tensor], index: int, dtype: torch.dtype, blocks: GGUFWeights
+) -> LayerWeights | None:
+    """Layer `index` on the GGUF file's blocks (None when one of its weights is of a type the
+    kernel does not read, or the layer has biases: then it keeps float32)."""
+    prefix = f"model.layers.{index}."
+    if any(name.startswith(prefix) and name.endswith(".bias") for name in state):
+        return None
+    qkv = concat([blocks.layer(index, f"self_attn.{p}_proj") for p in ("q", "k", "v")])
+    gate, up = blocks.layer(index, "mlp.gate_proj"), blocks.layer(index, "mlp.up_proj")
+    o, down = blocks.layer(index, "self_attn.o_proj"), blocks.layer(index, "mlp.down_proj")
+    if qkv is None or gate is None or up is None or o is None or down is None:
+        return None
+    return LayerWeights(
+        input_norm=state[prefix + "input_layernorm.weight"].to(dtype),
+        qkv=GGUFLinear(qkv, None),
+        o=GGUFLinear(o, None),
+        post_norm=state[prefix + "post_attention_layernorm.weight"].to(dtype),
+        mlp_in=GGUFSwiGLU(gate, up),
+        down=GGUFLinear(down, None),
+    )

@@ -1,0 +1,374 @@
+// y = x W^T (+ b) with W kept in a GGUF file's own quantized blocks (MODELYARD_WEIGHTS=gguf):
+// Q4_1 (w = d q + m, q in 0..15, one d and m per 32 weights of a row) and Q8_0 (w = d q, q in
+// -127..127), the formats of the packaged default model.
+//
+// One request decoding streams every weight once per step: Q4_1 is 5 bits a weight against
+// float32's 32. The blocks are repacked once at load into the float32 GEMM's panels (16 output
+// columns) per 32-k block: the block's 16 scales (and mins) as float32, then per k the 16
+// columns' quants (Q4_1: 8 bytes, column j in the low nibble of byte j and column j + 8 in its
+// high nibble; Q8_0: 16 bytes). Each k row is widened in registers to 16 floats, d q + m, which
+// is exact in float32 (a 4- or 8-bit integer times an 11-bit significand), so the weights are
+// bit for bit those of the GGUF's float32 dequantization (runner.loader's converted folder);
+// each output is then summed over k in order in float32 (its own order, not F.linear's). Work is
+// split by units of panels claimed by the threads in turn (claim.h); the next unit's bytes are
+// prefetched while one is computed. Up to kMR rows share each widened row of weights.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "claim.h"
+#include "ops.h"
+#include "vec.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
+
+namespace {
+
+constexpr int64_t kNR = 16;  // output columns per panel
+constexpr int64_t kBlockK = 32;
+constexpr int64_t kMR = 8;  // rows of x per micro-kernel call
+constexpr int64_t kPanelsPerUnit = 4;
+
+typedef float f16v __attribute__((vector_size(64), aligned(4)));
+
+enum Kind : int64_t { kQ4_1 = 0, kQ8_0 = 1 };
+
+#if defined(__AVX2__)
+using __m128i_like = __m128i;
+inline __m128i load_bytes(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+// 8 bytes -> their 16 nibbles: the low ones, then the high ones
+inline __m128i nibbles(const uint8_t* p) {
+  const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(15);
+  return _mm_unpacklo_epi64(_mm_and_si128(packed, mask),
+                            _mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+}
+// 16 bytes (rows k, k + 1) -> the nibbles of each row, low ones then high ones
+inline void nibble_rows(const uint8_t* p, __m128i* first, __m128i* second) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(packed, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+  *first = _mm_unpacklo_epi64(lo, hi);
+  *second = _mm_unpackhi_epi64(lo, hi);
+}
+#else
+struct __m128i_like {
+  uint8_t b[16];
+};
+inline __m128i_like load_bytes(const uint8_t* p) {
+  __m128i_like v;
+  std::memcpy(v.b, p, 16);
+  return v;
+}
+inline __m128i_like nibbles(const uint8_t* p) {
+  __m128i_like v;
+  for (int j = 0; j < 8; ++j) v.b[j] = p[j] & 15, v.b[j + 8] = p[j] >> 4;
+  return v;
+}
+inline void nibble_rows(const uint8_t* p, __m128i_like* first, __m128i_like* second) {
+  *first = nibbles(p), *second = nibbles(p + 8);
+}
+#endif
+
+// bytes of one (panel, 32-k block): the scales (and mins), then the quants
+constexpr int64_t scale_bytes(Kind kind) { return (kind == kQ4_1 ? 2 : 1) * kNR * 4; }
+constexpr int64_t quant_bytes(Kind kind) { return kBlockK * (kind == kQ4_1 ? 8 : 16); }
+constexpr int64_t block_bytes(Kind kind) { return scale_bytes(kind) + quant_bytes(kind); }
+
+inline f16v load16(const float* p) {
+  f16v v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// 16 bytes (unsigned, or signed with SIGNED) -> 16 floats; GCC makes the generic-vector
+// conversion of bytes lane by lane, so it is spelled out for each instruction set
+template <bool SIGNED>
+inline f16v widen(__m128i_like bytes) {
+  f16v out;
+#if defined(__AVX512F__)
+  const __m512i ints = SIGNED ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+  const __m512 f = _mm512_cvtepi32_ps(ints);
+  std::memcpy(&out, &f, sizeof(out));
+#elif defined(__AVX2__)
+  const __m128i upper = _mm_srli_si128(bytes, 8);
+  const __m256 a = _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+  const __m256 b = _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(upper) : _mm256_cvtepu8_epi32(upper));
+  std::memcpy(&out, &a, sizeof(a));
+  std::memcpy(reinterpret_cast<char*>(&out) + sizeof(a), &b, sizeof(b));
+#else
+  for (int c = 0; c < 16; ++c) {
+    out[c] = SIGNED ? static_cast<float>(static_cast<int8_t>(bytes.b[c])) : bytes.b[c];
+  }
+#endif
+  return out;
+}
+
+// the 16 weights of row k of one block (q: the block's quants; d, m: its scales and mins)
+template <Kind K>
+inline f16v weights(const uint8_t* q, int64_t k, const f16v& d, const f16v& m) {
+  if constexpr (K == kQ4_1) {
+    const __m128i_like cols = nibbles(q + k * 8);  // columns 0-7 then 8-15
+    return widen<false>(cols) * d + m;  // d q is exact: one rounding, as numpy's
+  } else {
+    return widen<true>(load_bytes(q + k * 16)) * d;
+  }
+}
+
+// rows k and k + 1 of one block (one load of both rows' nibbles for Q4_1)
+template <Kind K>
+inline void weight_rows(const uint8_t* q, int64_t k, const f16v& d, const f16v& m, f16v* w) {
+  if constexpr (K == kQ4_1) {
+    __m128i_like first, second;
+    nibble_rows(q + k * 8, &first, &second);
+    w[0] = widen<false>(first) * d + m, w[1] = widen<false>(second) * d + m;
+  } else {
+    w[0] = weights<K>(q, k, d, m), w[1] = weights<K>(q, k + 1, d, m);
+  }
+}
+
+// rows (<= kMR) of x (float32, ldx apart) times one panel (`blocks` 32-k blocks) -> sums
+template <Kind K, int MR>
+inline void micro(const float* x, int64_t ldx, const uint8_t* panel, int64_t blocks, f16v* sums,
+                  const char* pf, int64_t pf_every) {
+  f16v acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = f16v{};
+  int64_t countdown = 1;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = panel + b * block_bytes(K);
+    const float* scale = reinterpret_cast<const float*>(block);
+    const f16v d = load16(scale), m = K == kQ4_1 ? load16(scale + kNR) : f16v{};
+    const uint8_t* q = block + scale_bytes(K);
+    const float* xb = x + b * kBlockK;
+    for (int64_t k = 0; k < kBlockK; k += 2) {
+      if (pf != nullptr && (countdown -= 2) <= 0) {
+        __builtin_prefetch(pf, 0, 2);
+        pf += 64;
+        countdown += pf_every;
+      }
+      f16v w[2];
+      weight_rows<K>(q, k, d, m, w);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        acc[i] += (f16v{} + xb[i * ldx + k]) * w[0];
+        acc[i] += (f16v{} + xb[i * ldx + k + 1]) * w[1];
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) sums[i] = acc[i];
+}
+
+template <Kind K, int MR>
+void micro_rows(int rows, const float* x, int64_t ldx, const uint8_t* panel, int64_t blocks,
+                f16v* sums, const char* pf, int64_t pf_every) {
+  if (rows == MR) return micro<K, MR>(x, ldx, panel, blocks, sums, pf, pf_every);
+  if constexpr (MR > 1) micro_rows<K, MR - 1>(rows, x, ldx, panel, blocks, sums, pf, pf_every);
+}
+
+// one panel widened once into w (k_len x 16 floats, k-major), for many row blocks
+template <Kind K>
+void widen_panel(const uint8_t* panel, int64_t blocks, float* w) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = panel + b * block_bytes(K);
+    const float* scale = reinterpret_cast<const float*>(block);
+    const f16v d = load16(scale), m = K == kQ4_1 ? load16(scale + kNR) : f16v{};
+    for (int64_t k = 0; k < kBlockK; ++k) {
+      const f16v row = weights<K>(block + scale_bytes(K), k, d, m);
+      std::memcpy(w + (b * kBlockK + k) * kNR, &row, sizeof(row));
+    }
+  }
+}
+
+// rows (<= kMR) of x times a widened panel w -> sums (the float32 sums in micro's order)
+template <int MR>
+inline void micro_wide(const float* x, int64_t ldx, const float* w, int64_t k_len, f16v* sums) {
+  f16v acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = f16v{};
+  for (int64_t k = 0; k < k_len; ++k) {
+    const f16v wk = load16(w + k * kNR);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i] += (f16v{} + x[i * ldx + k]) * wk;
+  }
+  for (int i = 0; i < MR; ++i) sums[i] = acc[i];
+}
+
+template <int MR>
+void wide_rows(int rows, const float* x, int64_t ldx, const float* w, int64_t k_len, f16v* sums) {
+  if (rows == MR) return micro_wide<MR>(x, ldx, w, k_len, sums);
+  if constexpr (MR > 1) wide_rows<MR - 1>(rows, x, ldx, w, k_len, sums);
+}
+
+typedef int32_t i32x16 __attribute__((vector_size(64), aligned(4)));
+
+// one output row: the sums, or with a gate panel's sums g, silu(g) * up
+template <typename T>
+void store_row(T* out, const f16v& sum, const f16v* gate, const float* bias, int64_t cols) {
+  f16v value = sum;
+  if (gate != nullptr) {
+    const f16v g = *gate;
+    value = g / (f16v{} + 1.f + modelyard::exp_lanes<f16v, i32x16>(-g)) * sum;
+    value = g < f16v{} - 88.f ? g * 0.f * sum : value;  // exp(-g) overflows: silu(g) is -0
+  }
+  alignas(64) float row[kNR];
+  std::memcpy(row, &value, sizeof(row));
+  for (int64_t c = 0; c < cols; ++c) {
+    out[c] = static_cast<T>(bias != nullptr ? row[c] + bias[c] : row[c]);  // bf16: to nearest
+  }
+}
+
+// y (M, n) = x W^T (+ bias); with SWIGLU the panels come in (gate, up) pairs and y is
+// silu(x Wg^T) * (x Wu^T). Up to kMR rows widen each panel's quants in registers as they
+// stream in; more rows widen a panel once into a per-thread buffer and run from there.
+template <Kind K, bool SWIGLU, typename T>
+void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t panels,
+          const float* bias, T* yp, int64_t n) {
+  constexpr int per = SWIGLU ? 2 : 1;  // weight panels per 16 output columns
+  const int64_t blocks = k / kBlockK, panel_bytes = blocks * block_bytes(K);
+  const int64_t outs = panels / per, units = (outs + kPanelsPerUnit - 1) / kPanelsPerUnit;
+  const int64_t unit_bytes = kPanelsPerUnit * per * panel_bytes;
+  modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
+    thread_local std::vector<float> wide;
+    const int64_t q0 = unit * kPanelsPerUnit, q1 = std::min(outs, q0 + kPanelsPerUnit);
+    const char* next =
+        following < units ? reinterpret_cast<const char*>(wp + following * unit_bytes) : nullptr;
+    const int64_t share = per * panel_bytes / 64;  // lines of the next unit per output panel
+    const int64_t every = std::max<int64_t>(1, per * k / std::max<int64_t>(1, share));
+    if (m > kMR) wide.resize(static_cast<size_t>(per * k * kNR));
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t col = q * kNR, cols = std::min(kNR, n - col);
+      const uint8_t* panel = wp + q * per * panel_bytes;
+      if (m > kMR) {
+        for (int h = 0; h < per; ++h) widen_panel<K>(panel + h * panel_bytes, blocks, &wide[h * k * kNR]);
+      }
+      const char* pf = next != nullptr ? next + (q - q0) * share * 64 : nullptr;
+      for (int64_t i = 0; i < m; i += kMR) {
+        const int rows = static_cast<int>(std::min(kMR, m - i));
+        f16v sums[per][kMR];
+        for (int h = 0; h < per; ++h) {
+          if (m > kMR) {
+            wide_rows<kMR>(rows, xp + i * k, k, &wide[h * k * kNR], k, sums[h]);
+          } else {
+            const char* lines = pf != nullptr ? pf + h * (share / per) * 64 : nullptr;
+            micro_rows<K, kMR>(rows, xp + i * k, k, panel + h * panel_bytes, blocks, sums[h],
+                               lines, every);
+          }
+        }
+        for (int r = 0; r < rows; ++r) {
+          store_row(yp + (i + r) * n + col, sums[per - 1][r], SWIGLU ? &sums[0][r] : nullptr,
+                    bias ? bias + col : nullptr, cols);
+        }
+      }
+    }
+  });
+}
+
+// the packed weight's kind, checked against its shape (panels, blocks, block bytes); `per`
+// weight panels make 16 output columns
+Kind checked_kind(const at::Tensor& packed, int64_t kind, int64_t n, int64_t per,
+                  const char* name) {
+  TORCH_CHECK(kind == kQ4_1 || kind == kQ8_0, name, ": kind 0 (Q4_1) or 1 (Q8_0)");
+  const Kind k = static_cast<Kind>(kind);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
+                  packed.size(2) == block_bytes(k) && packed.size(0) % per == 0,
+              name, ": weight not from pack_gguf for this kind");
+  const int64_t outs = packed.size(0) / per;
+  TORCH_CHECK(n > (outs - 1) * kNR && n <= outs * kNR, name, ": shapes do not match");
+  return k;
+}
+
+template <bool SWIGLU>
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind, int64_t n,
+                  const float* bias, const char* name) {
+  const Kind k = checked_kind(packed, kind, n, SWIGLU ? 2 : 1, name);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  x.size(1) == packed.size(1) * kBlockK,
+              name, ": contiguous float32 or bfloat16 (M, K) input, K = 32 x the blocks");
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  auto y = at::empty({x.size(0), n}, x.options());
+  if (x.size(0) == 0) return y;
+  const float* xp = xf.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const int64_t m = x.size(0), kk = x.size(1), panels = packed.size(0);
+  auto run = [&](auto* yp) {
+    if (k == kQ4_1) return gemm<kQ4_1, SWIGLU>(xp, m, kk, wp, panels, bias, yp, n);
+    gemm<kQ8_0, SWIGLU>(xp, m, kk, wp, panels, bias, yp, n);
+  };
+  if (x.scalar_type() == at::kFloat) {
+    run(y.data_ptr<float>());
+  } else {
+    run(y.data_ptr<at::BFloat16>());
+  }
+  return y;
+}
+
+template <Kind K>
+void dequantize_into(const uint8_t* wp, int64_t panels, int64_t blocks, int64_t n, float* out) {
+  const f16v zero{};
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t cols = std::min(kNR, n - p * kNR), k_len = blocks * kBlockK;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = wp + (p * blocks + b) * block_bytes(K);
+        const float* scale = reinterpret_cast<const float*>(block);
+        const f16v d = load16(scale), m = K == kQ4_1 ? load16(scale + kNR) : zero;
+        for (int64_t k = 0; k < kBlockK; ++k) {
+          alignas(64) float row[kNR];
+          const f16v w = weights<K>(block + scale_bytes(K), k, d, m);
+          std::memcpy(row, &w, sizeof(row));
+          for (int64_t c = 0; c < cols; ++c) out[(p * kNR + c) * k_len + b * kBlockK + k] = row[c];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+namespace modelyard::ops {
+
+// x (M, K) float32 or bfloat16, K a multiple of 32; packed (ceil(N / 16), K / 32, block bytes)
+// from pack_gguf; bias (N,) float32 or undefined -> (M, N) of x's dtype
+at::Tensor packed_linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
+                              int64_t n, const c10::optional<at::Tensor>& bias) {
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "packed_linear_gguf: float32 bias (N,)");
+    bp = bias->data_ptr<float>();
+  }
+  return linear<false>(x, packed, kind, n, bp, "packed_linear_gguf");
+}
+
+// the same with pack_gguf's panels of gate and up rows in turn (16 each) -> (M, width)
+// silu(x Wg^T) * (x Wu^T)
+at::Tensor packed_swiglu_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
+                              int64_t width) {
+  return linear<true>(x, packed, kind, width, nullptr, "packed_swiglu_gguf");
+}
+
+// pack_gguf's panels back to the (N, K) float32 weight they hold (the GGUF's dequantization)
+at::Tensor dequantize_gguf(const at::Tensor& packed, int64_t kind, int64_t n) {
+  const Kind k = checked_kind(packed, kind, n, 1, "dequantize_gguf");
+  const int64_t blocks = packed.size(1);
+  auto out = at::empty({n, blocks * kBlockK}, packed.options().dtype(at::kFloat));
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  if (k == kQ4_1) {
+    dequantize_into<kQ4_1>(wp, packed.size(0), blocks, n, out.data_ptr<float>());
+  } else {
+    dequantize_into<kQ8_0>(wp, packed.size(0), blocks, n, out.data_ptr<float>());
+  }
+  return out;
+}
+
+}  // namespace modelyard::ops

@@ -1,0 +1,61 @@
+"""MODELYARD_WEIGHTS=gguf through HTTP: a real server whose engine keeps the packaged GGUF
+file's Q4_1 / Q8_0 blocks answers greedy chat requests (plain and streamed) with the same text
+as the session's float32 server, which serves the same model from its float32 conversion."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2e_server import E2E_MODEL, ServerProcess, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about rain."]
+
+
+@pytest.fixture(scope="module")
+def gguf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("gguf-e2e")
+    running = start_server(tmp, env={"MODELYARD_WEIGHTS": "gguf"})
+    try:
+        yield running
+    finally:
+        stop_server(running)
+
+
+def answer(server: ServerProcess, question: str, stream: bool) -> str:
+    body = {
+        "model": E2E_MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 24,
+        "stream": stream,
+    }
+    url = f"{server.url}/v1/chat/completions"
+    if not stream:
+        response = httpx.post(url, json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return str(response.json()["choices"][0]["message"]["content"])
+    text = ""
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                choices = httpx.Response(200, content=line[6:]).json()["choices"]
+                text += (choices[0]["delta"].get("content") or "") if choices else ""
+    return text
+
+
+def test_gguf_blocks_answer_as_the_float32_model(
+    server: ServerProcess, gguf_server: ServerProcess
+) -> None:
+    assert "linear layers on the quantized blocks of" in gguf_server.log()
+    assert "linear layers on the quantized blocks of" not in server.log()
+    for question in QUESTIONS:
+        want = answer(server, question, stream=False)
+        assert want
+        assert answer(gguf_server, question, stream=False) == want
+        assert answer(gguf_server, question, stream=True) == want
+    assert "Paris" in answer(gguf_server, QUESTIONS[0], stream=False)

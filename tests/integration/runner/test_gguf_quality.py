@@ -1,0 +1,126 @@
+"""MODELYARD_WEIGHTS=gguf on the real default model (its packaged Q4_1 GGUF file) against the
+same model from its float32 conversion, in float32:
+- every linear weight and the lm_head, read from the file's blocks, is bit for bit the converted
+  folder's (so llama.cpp's q/k row order is undone and Q4_1 / Q8_0 are read as gguf reads them);
+- run in decode-sized chunks (the kernel's row counts), the logits of every position of a
+  shipped text match the float32 model's to 1e-3 of their range, perplexity to 0.01 %, and the
+  argmax agrees at every position;
+- greedy continuations of a fixed prompt set (16 tokens each) are identical.
+The two models differ only in each output's summation order."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from modelyard.runner import kernels
+from modelyard.runner.attention import AttentionMetadata
+from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, dequantize_gguf
+from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+from modelyard.runner.models.llama import LlamaModel, _load_state
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not kernels.load(), reason="the runner's kernels did not build here"),
+]
+
+TEXT = Path(__file__).resolve().parents[2] / "data" / "perplexity.txt"
+PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):",
+]
+NEW_TOKENS = 16
+BLOCK = 16
+CHUNK = 48  # rows per forward: within the kernel's decode row counts
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, LlamaModel]:
+    resolved = resolve_model(DEFAULT_MODEL)
+    assert resolved.converted_from is not None
+
+    def load(gguf: Path | None) -> LlamaModel:
+        return LlamaModel(
+            resolved.path, resolved.config, dtype=torch.float32, num_blocks=64,
+            block_size=BLOCK, max_model_len=1024, gguf=gguf,
+        )  # fmt: skip
+
+    return {"float32": load(None), "gguf": load(resolved.converted_from)}
+
+
+def test_the_file_blocks_are_the_converted_weights() -> None:
+    resolved = resolve_model(DEFAULT_MODEL)
+    assert resolved.converted_from is not None
+    blocks = GGUFWeights(resolved.converted_from, resolved.config)
+    state = _load_state(resolved.path)
+    names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
+    names += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    for index in range(resolved.config.num_hidden_layers):
+        for name in names:
+            weight = blocks.layer(index, name)
+            assert weight is not None
+            layer = GGUFLinear(weight, None)
+            got = dequantize_gguf(layer._packed, layer._kind, weight.n)
+            assert torch.equal(got, state[f"model.layers.{index}.{name}.weight"]), (index, name)
+    head = blocks.lm_head()
+    assert head is not None
+    layer = GGUFLinear(head, None)
+    got = dequantize_gguf(layer._packed, layer._kind, head.n)
+    assert torch.equal(got, state["model.embed_tokens.weight"])
+
+
+def test_gguf_blocks_are_in_use(models: dict[str, LlamaModel]) -> None:
+    assert isinstance(models["gguf"].layers[0].qkv, GGUFLinear)
+    assert isinstance(models["gguf"].layers[0].mlp_in, GGUFSwiGLU)
+    assert isinstance(models["gguf"].lm_head, GGUFLinear)
+    assert not isinstance(models["float32"].layers[0].qkv, GGUFLinear)
+
+
+def chunked_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+    """(T, V) logits of every position, the sequence fed CHUNK tokens per forward."""
+    blocks = list(range((len(ids) + BLOCK - 1) // BLOCK))
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), CHUNK):
+            part = ids[start : start + CHUNK]
+            meta = AttentionMetadata.build([start], [len(part)], [blocks], BLOCK, None)
+            rows = torch.arange(len(part))
+            out.append(model.forward(torch.tensor(part), meta, rows).float())
+    return torch.cat(out)
+
+
+def test_logits_and_perplexity_match_float32(models: dict[str, LlamaModel]) -> None:
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).tokenizer_path)
+    ids = tok.encode(TEXT.read_text())[:600]
+    logits = {name: chunked_logits(model, ids)[:-1] for name, model in models.items()}
+    ref, got = logits["float32"], logits["gguf"]
+    spread = float(ref.max() - ref.min())
+    assert float((got - ref).abs().max()) <= 1e-3 * spread
+    target = torch.tensor(ids[1:])
+    ppl = {
+        n: math.exp(float(torch.nn.functional.cross_entropy(v, target))) for n, v in logits.items()
+    }
+    print(f"perplexity {ppl}")
+    assert abs(ppl["gguf"] - ppl["float32"]) <= 1e-4 * ppl["float32"]
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def greedy(model: LlamaModel, ids: list[int]) -> list[int]:
+    out: list[int] = []
+    for _ in range(NEW_TOKENS):
+        out.append(int(chunked_logits(model, [*ids, *out])[-1].argmax()))
+    return out
+
+
+def test_greedy_continuations_are_identical(models: dict[str, LlamaModel]) -> None:
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).tokenizer_path)
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        assert greedy(models["gguf"], ids) == greedy(models["float32"], ids), prompt
