@@ -312,22 +312,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind, i
   return y;
 }
 
+// every panel widened (widen_panel) and written out as rows of (N, K)
 template <Kind K>
 void dequantize_into(const uint8_t* wp, int64_t panels, int64_t blocks, int64_t n, float* out) {
-  const f16v zero{};
+  const int64_t k_len = blocks * kBlockK;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> wide(static_cast<size_t>(k_len * kNR));
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t cols = std::min(kNR, n - p * kNR), k_len = blocks * kBlockK;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = wp + (p * blocks + b) * block_bytes(K);
-        const float* scale = reinterpret_cast<const float*>(block);
-        const f16v d = load16(scale), m = K == kQ4_1 ? load16(scale + kNR) : zero;
-        for (int64_t k = 0; k < kBlockK; ++k) {
-          alignas(64) float row[kNR];
-          const f16v w = weights<K>(block + scale_bytes(K), k, d, m);
-          std::memcpy(row, &w, sizeof(row));
-          for (int64_t c = 0; c < cols; ++c) out[(p * kNR + c) * k_len + b * kBlockK + k] = row[c];
-        }
+      widen_panel<K>(wp + p * blocks * block_bytes(K), blocks, wide.data());
+      for (int64_t c = 0; c < std::min(kNR, n - p * kNR); ++c) {
+        for (int64_t k = 0; k < k_len; ++k) out[(p * kNR + c) * k_len + k] = wide[k * kNR + c];
       }
     }
   });
