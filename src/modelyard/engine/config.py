@@ -16,6 +16,7 @@ from modelyard.config_parse import ConfigError, check_fields, from_mapping, sett
 
 Dtype = Literal["float32", "bfloat16"]
 Implementation = Literal["auto", "native", "generic"]
+Switch = Literal["auto", "on", "off"]
 SpecMethod = Literal["ngram", "draft", "self_draft"]
 
 
@@ -32,6 +33,10 @@ class ModelConfig:
     auto = native when the architecture is supported."""
     num_threads: int | None = setting(None, ge=1)
     """torch intra-op threads in the worker; None keeps torch's default (all cores)."""
+    gguf_blocks: Switch = "auto"
+    """on: a model given as a GGUF file keeps the file's Q4_1 / Q8_0 blocks for its linear
+    layers instead of its float32 conversion's weights (runner.gguf_weights); auto: as
+    MODELYARD_WEIGHTS says (gguf: on)."""
     poison_token_ids: tuple[int, ...] = ()
     """Fault drill for the isolation tests (engine/fault_drill.py): a step whose batch holds one
     of these token ids raises in the runner, as a request that passed every check could. Empty

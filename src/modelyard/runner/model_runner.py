@@ -114,7 +114,7 @@ class ModelRunner:
                     block_size=self.block_size,
                     max_model_len=self._max_model_len,
                     lora=lora,
-                    gguf=_gguf_source(self.resolved),
+                    gguf=_gguf_source(self.resolved, model_config.gguf_blocks),
                 )
             else:
                 self._generic = GenericModel(
@@ -274,9 +274,10 @@ class ModelRunner:
         return lora.step(rows) if lora is not None else contextlib.nullcontext()
 
 
-def _gguf_source(resolved: ResolvedModel) -> Path | None:
-    """The GGUF file whose blocks the linear layers keep (MODELYARD_WEIGHTS=gguf), if any."""
-    if kernel_config().weights != "gguf":
+def _gguf_source(resolved: ResolvedModel, switch: str) -> Path | None:
+    """The GGUF file whose blocks the linear layers keep (`gguf_blocks: on`, or `auto` with
+    MODELYARD_WEIGHTS=gguf), if any."""
+    if switch == "off" or (switch == "auto" and kernel_config().weights != "gguf"):
         return None
     if resolved.converted_from is None:
         log.warning(

@@ -1,6 +1,7 @@
-"""MODELYARD_WEIGHTS=gguf through HTTP: a real server whose engine keeps the packaged GGUF
-file's Q4_1 / Q8_0 blocks answers greedy chat requests (plain and streamed) with the same text
-as the session's float32 server, which serves the same model from its float32 conversion."""
+"""GGUF blocks through HTTP: a real server whose catalog says `gguf_blocks: on` keeps the
+packaged GGUF file's Q4_1 / Q8_0 blocks and answers greedy chat requests (plain and streamed)
+with the same text as the session's float32 server, which serves the same model from its
+float32 conversion."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2e_server import E2E_MODEL, ServerProcess, start_server, stop_server
+from e2e_server import CATALOG, E2E_MODEL, ServerProcess, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -18,7 +19,7 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about rain."]
 @pytest.fixture(scope="module")
 def gguf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("gguf-e2e")
-    running = start_server(tmp, env={"MODELYARD_WEIGHTS": "gguf"})
+    running = start_server(tmp, catalog_yaml=CATALOG + "      gguf_blocks: on\n")
     try:
         yield running
     finally:

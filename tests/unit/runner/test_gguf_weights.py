@@ -5,13 +5,17 @@ q/k row order of llama.cpp's converter is undone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
-from modelyard.runner import kernels
+from modelyard.config_parse import ConfigError
+from modelyard.engine.config import EngineConfig
+from modelyard.runner import kernels, model_runner
 from modelyard.runner.gguf_weights import (
     DECODE_ROWS,
     Q4_1,
@@ -24,6 +28,8 @@ from modelyard.runner.gguf_weights import (
     packed_linear_gguf,
     unpermute_rows,
 )
+from modelyard.runner.kernel_config import KernelConfig
+from modelyard.runner.loader import ResolvedModel
 
 pytestmark = [
     pytest.mark.unit,
@@ -101,3 +107,28 @@ def test_a_wrong_kind_or_shape_is_refused() -> None:
         packed_linear_gguf(x, packed, Q4_1, 17, None)
     with pytest.raises(RuntimeError, match="K = 32"):
         packed_linear_gguf(torch.randn(1, 32), packed, Q4_1, 16, None)
+
+
+@pytest.mark.parametrize(
+    ("env", "switch", "used"),
+    [("", "auto", False), ("gguf", "auto", True), ("", "on", True), ("gguf", "off", False)],
+)
+def test_the_catalog_switch_and_the_environment_choose_the_blocks(
+    monkeypatch: pytest.MonkeyPatch, env: str, switch: str, used: bool
+) -> None:
+    config = KernelConfig.from_env({"MODELYARD_WEIGHTS": env})
+    monkeypatch.setattr(model_runner, "kernel_config", lambda: config)
+    gguf = ResolvedModel(
+        "m.gguf", Path("folder"), "LlamaForCausalLM", None, Path("t"), Path("m.gguf")
+    )
+    assert model_runner._gguf_source(gguf, switch) == (Path("m.gguf") if used else None)
+    folder = ResolvedModel("folder", Path("folder"), "LlamaForCausalLM", None, Path("t"), None)
+    assert model_runner._gguf_source(folder, switch) is None
+
+
+def test_gguf_blocks_is_a_checked_engine_option() -> None:
+    on = EngineConfig.from_options("m.gguf", {"gguf_blocks": True})  # YAML's `on`
+    assert on.model.gguf_blocks == "on"
+    assert EngineConfig.from_options("m.gguf", {}).model.gguf_blocks == "auto"
+    with pytest.raises(ConfigError, match="gguf_blocks"):
+        EngineConfig.from_options("m.gguf", {"gguf_blocks": "maybe"})
