@@ -1,4 +1,5 @@
-"""Linear layers on a GGUF file's own quantized blocks (`MODELYARD_WEIGHTS=gguf`).
+"""Linear layers on a GGUF file's own quantized blocks (`MODELYARD_WEIGHTS=gguf`, or a model's
+`gguf_blocks: on`).
 
 A GGUF model is served from a float32 folder converted once from the file (runner.loader). With
 this switch, and the kernels built, its Llama linear layers and lm_head keep the file's blocks
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 
 Q4_1, Q8_0 = 0, 1  # the kernel's kinds
 _KINDS = {"Q4_1": Q4_1, "Q8_0": Q8_0}
-_BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}  # a 32-weight block in the file
 DECODE_ROWS = 64  # up to this many rows a call runs the kernel, past it F.linear
 
 # HF weight name (of layer {i}) -> the GGUF tensor name
