@@ -281,7 +281,7 @@ def _gguf_source(resolved: ResolvedModel, switch: str) -> Path | None:
         return None
     if resolved.converted_from is None:
         log.warning(
-            "MODELYARD_WEIGHTS=gguf: %s is not a GGUF file, weights stay float", resolved.path
+            "GGUF blocks asked for, but %s is not a GGUF file: weights stay float", resolved.path
         )
     return resolved.converted_from
 
