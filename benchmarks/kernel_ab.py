@@ -15,6 +15,8 @@ in the engine:
 - **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32 rows: the fused q/k/v, o, the down
   projection over 30 layers' weights, and the lm_head.
 - **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up.
+- **The AMX GEMMs** (AMX hosts) over one decode step's bf16 weights in the engine's order, at
+  32 rows and at 1 row.
 
 It reports medians and quartiles per case and build. Each result is also compared bit for bit
 with the base build's. Both builds run on ATen's threads: the decode step's helper thread is
@@ -185,6 +187,41 @@ def fp32_gemm_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
     return cases
 
 
+def amx_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
+    """The AMX GEMMs over one decode step's bf16 weights in the engine's order (per layer q/k/v,
+    o, SwiGLU's gate/up, down; then the lm_head), at `rows` rows: 270 MB, read from memory."""
+    torch.manual_seed(3)
+    layer = [("qkv", 960, 576), ("o", 576, 576), ("swiglu", 1536, 576), ("down", 576, 1536)]
+    shapes = layer * LAYERS + [("lm_head", 49152, 576)]
+    weights = [(name, n, torch.randn(n, k).bfloat16()) for name, n, k in shapes]
+    xs = {k: torch.randn(rows, k).bfloat16() for k in (576, 1536)}
+    packed: dict[int, list[tuple[str, int, torch.Tensor]]] = {}
+
+    def pack(ops: Any, name: str, w: torch.Tensor) -> torch.Tensor:
+        if name == "swiglu":  # gate and up: the two halves of one random weight's rows
+            return ops.pack_swiglu_bf16(w, w.flip(0))  # type: ignore[no-any-return]
+        return ops.pack_bf16(w)  # type: ignore[no-any-return]
+
+    def run(ops: Any) -> torch.Tensor:
+        if id(ops) not in packed:
+            packed[id(ops)] = [(name, n, pack(ops, name, w)) for name, n, w in weights]
+        outs = []
+        for name, n, p in packed[id(ops)]:
+            x = xs[2 * p.size(-3)]
+            gemm = ops.packed_swiglu_amx if name == "swiglu" else ops.packed_linear_amx
+            outs.append(gemm(x, p, n)[:, :8])
+        return torch.cat(outs, dim=1)
+
+    return {f"amx_step_m{rows}": run}
+
+
+def _has_amx(ops: Any) -> bool:
+    try:
+        return bool(ops.amx_ready())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def _has_bf16_gemm(ops: Any) -> bool:
     try:
         return bool(ops.bf16_gemm_supported())
@@ -208,6 +245,9 @@ def main() -> None:
         cases = {**attention_cases(torch.float32), **attention_cases(torch.bfloat16)}
         if all(_has_bf16_gemm(b) for b in builds.values()):
             cases.update(gemm_cases())
+        if all(_has_amx(b) for b in builds.values()):
+            cases.update(amx_cases(REQUESTS))
+            cases.update(amx_cases(1))
         cases.update(fp32_gemm_cases(REQUESTS))
         cases.update(fp32_gemm_cases(1))
         cases = {name: run for name, run in cases.items() if re.search(args.cases, name)}

@@ -45,6 +45,24 @@ def test_amx_gemm_past_32_rows_is_close() -> None:
     torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=1e-2)
 
 
+def test_amx_gemm_keeps_its_bits_across_calls_of_other_shapes_and_threads() -> None:
+    """Each thread configures the tiles once per call (for its row count) and releases them
+    after its last unit: calls of changing row counts, beside the AVX-512/float32 kernels and
+    on the decode step's helper thread, each still give oneDNN's bits."""
+    torch.manual_seed(5)
+    weight = (torch.randn(960, 576) * 0.05).bfloat16()
+    packed = kernels.pack_bf16(weight)
+    other = kernels.pack_weight(torch.randn(64, 576))
+    for team in (False, True):
+        with kernels.team(team):
+            for rows in (32, 1, 17, 75, 16, 3, 32):
+                x = torch.randn(rows, 576).bfloat16()
+                out = kernels.packed_linear_amx(x, packed, 960)
+                kernels.packed_linear(x.float(), other, 64, None)  # no tiles in between
+                if rows <= kernels.AMX_ROWS:
+                    torch.testing.assert_close(out, F.linear(x, weight), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("width", "in_features"), [(1536, 576), (40, 64), (100, 1536)])
 def test_amx_swiglu_gives_torchs_bits(width: int, in_features: int) -> None:
     torch.manual_seed(width)
