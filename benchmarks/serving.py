@@ -62,16 +62,49 @@ class Samples:
 One = Callable[[list[int], "Samples"], Awaitable[None]]
 
 
-async def closed_loop(one: One, prompts: list[list[int]], concurrency: int) -> dict[str, Any]:
+Groups = dict[str, list[Any]]  # name -> psutil.Process list whose CPU time is summed
+
+
+def cpu_seconds(groups: Groups) -> dict[str, float]:
+    """User + system CPU seconds so far of each group's processes."""
+    out = {}
+    for name, procs in groups.items():
+        times = [p.cpu_times() for p in procs]
+        out[name] = sum(t.user + t.system for t in times)
+    return out
+
+
+async def closed_loop(
+    one: One, prompts: list[list[int]], concurrency: int, groups: Groups
+) -> dict[str, Any]:
+    """The point's summary, with the CPU seconds each process group spent on it per 1,000
+    output tokens (where the CPU goes: client, API process, engine worker)."""
     samples, queue = Samples(), list(prompts)
 
     async def client() -> None:
         while queue:
             await one(queue.pop(), samples)
 
+    cpu = cpu_seconds(groups)
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    return samples.summary(time.perf_counter() - start, len(prompts))
+    elapsed = time.perf_counter() - start
+    spent = {k: v - cpu[k] for k, v in cpu_seconds(groups).items()}
+    per_k = {k: round(v * 1000 / max(samples.tokens, 1), 3) for k, v in spent.items()}
+    return {**samples.summary(elapsed, len(prompts)), "cpu_s_per_1k_tokens": per_k}
+
+
+def process_groups(server: subprocess.Popen[bytes]) -> dict[str, Groups]:
+    """Per path: the client (this process), the API process and the engine worker(s)."""
+    import psutil
+
+    me, api = psutil.Process(), psutil.Process(server.pid)
+    server_workers = api.children(recursive=True)
+    mine = [p for p in me.children(recursive=True) if p.pid != api.pid and p not in server_workers]
+    return {
+        "in_process": {"client_and_api": [me], "worker": mine},
+        "http": {"client": [me], "api": [api], "worker": server_workers},
+    }
 
 
 async def start_inprocess(dtype: str) -> Any:
@@ -172,6 +205,7 @@ async def measure(
             f"http://127.0.0.1:{port}", timeout=timeout, connector=connector
         ) as session:
             await _wait_ready(session, server)
+            groups = process_groups(server)
             paths = {
                 "in_process": inprocess_client(llm, args.output_tokens),
                 "http": http_client(session, args.output_tokens),
@@ -183,7 +217,9 @@ async def measure(
                 for name, one in paths.items():
                     rounds[name].append(
                         {
-                            str(c): await closed_loop(one, prompts(f"{name}-r{r}-c{c}", c), c)
+                            str(c): await closed_loop(
+                                one, prompts(f"{name}-r{r}-c{c}", c), c, groups[name]
+                            )
                             for c in args.concurrency
                         }
                     )
