@@ -9,9 +9,12 @@ out of the engine's share, and aiohttp's C parser takes about half of httpx's). 
 
 Both stay up for the whole run and take turns: each round measures every concurrency in-process
 and then over HTTP, and the ratios are per round, then their median, since a shared host's speed
-drifts between minutes by more than the cost measured. Each path, round and point gets prompts
-of its own (the warm-ups too), so no prefix cache serves one from another's. Targets: HTTP
-output throughput at c=32 >= 0.95x in-process; TTFT p50 at c=1 within 1.3x of in-process.
+drifts between minutes by more than the cost measured. Every point also records the CPU
+seconds of each process (client, API process, engine worker) per 1,000 tokens; the HTTP
+path's added CPU as a share of the worker's is the cost measured without the drift. Each
+path, round and point gets prompts of its own (the warm-ups too), so no prefix cache serves one
+from another's. Targets: HTTP output throughput at c=32 >= 0.95x in-process; TTFT p50 at c=1
+within 1.3x of in-process.
 
     .venv/bin/python benchmarks/serving.py --dtype bfloat16 --concurrency 32 --rounds 3
 """
@@ -235,11 +238,23 @@ def ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         per_round = [h["32"]["output_tok_s"] / i["32"]["output_tok_s"] for i, h in pairs]
         out["http_over_in_process_c32"] = [round(x, 3) for x in per_round]
         out["http_over_in_process_c32_median"] = round(statistics.median(per_round), 3)
+        extra = [_extra_cpu_share(i["32"], h["32"]) for i, h in pairs]
+        out["http_extra_cpu_share_c32"] = [round(x, 4) for x in extra]
+        out["http_extra_cpu_share_c32_median"] = round(statistics.median(extra), 4)
     if all("1" in h for _, h in pairs):
         per_round = [h["1"]["ttft_p50_ms"] / i["1"]["ttft_p50_ms"] for i, h in pairs]
         out["ttft_p50_ratio_c1"] = [round(x, 2) for x in per_round]
         out["ttft_p50_ratio_c1_median"] = round(statistics.median(per_round), 2)
     return out
+
+
+def _extra_cpu_share(in_process: dict[str, Any], http: dict[str, Any]) -> float:
+    """The CPU the HTTP path adds per token (client + API process over HTTP, less the client
+    and AsyncLLM in-process) as a share of the engine worker's CPU per token: on a host whose
+    cores the engine keeps busy, the throughput it takes away, independent of speed drift."""
+    inside, outside = in_process["cpu_s_per_1k_tokens"], http["cpu_s_per_1k_tokens"]
+    added = outside["client"] + outside["api"] - inside["client_and_api"]
+    return float(added / inside["worker"])
 
 
 def main() -> None:
