@@ -3,7 +3,10 @@
 B requests decode one token each with `--context` tokens already cached. The KV content does not
 matter for timing, so no prefill is run. A (B, hidden) x (vocab, hidden) matmul is timed in the
 same run to show the machine's current matmul rate (other processes share the CPU) and the step
-time that rate would give if the step were matmuls only (2 x params FLOP per token).
+time that rate would give if the step were matmuls only (2 x params FLOP per token). A sum over
+a 512 MB tensor, timed beside each step, gives the memory read rate now and so the time one pass
+over the weights takes at it: the floor of a decode step at few rows, where every weight is
+streamed from memory once per step.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from modelyard.engine.sampling_params import SamplingParams
 from modelyard.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.runner.loader import DEFAULT_MODEL
 from modelyard.runner.model_runner import ModelRunner
+
+STREAM_BYTES = 512 * 2**20
 
 
 def main() -> None:
@@ -48,7 +53,8 @@ def main() -> None:
     x = torch.randn(args.batch, config.hidden_size, dtype=runner.dtype)
     w = torch.randn(config.vocab_size, config.hidden_size, dtype=runner.dtype)
     runner.execute(batch)
-    steps, mms = [], []
+    stream = torch.ones(STREAM_BYTES // 4)  # float32, far past the caches
+    steps, mms, reads = [], [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         runner.execute(batch)
@@ -56,14 +62,21 @@ def main() -> None:
         t0 = time.perf_counter()
         torch.nn.functional.linear(x, w)
         mms.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        stream.sum()
+        reads.append(time.perf_counter() - t0)
     gflops = 2 * x.shape[0] * w.shape[0] * w.shape[1] / min(mms) / 1e9
     params_count = sum(p.numel() for p in _weights(runner))
     ideal_ms = 2 * args.batch * params_count / (gflops * 1e9) * 1000
     step_ms = sorted(steps)[len(steps) // 2] * 1000
+    read_gbs = STREAM_BYTES / sorted(reads)[len(reads) // 2] / 1e9
+    weight_bytes = params_count * torch.empty((), dtype=runner.dtype).element_size()
     print(
         f"{args.dtype} batch={args.batch} context={args.context}: step median {step_ms:.1f} ms "
         f"({args.batch / step_ms * 1000:.0f} tok/s); matmul rate now {gflops:.0f} GFLOP/s; "
-        f"matmul-only step at that rate {ideal_ms:.1f} ms"
+        f"matmul-only step at that rate {ideal_ms:.1f} ms; memory read rate now "
+        f"{read_gbs:.1f} GB/s (a tensor sum): reading the weights once takes "
+        f"{weight_bytes / read_gbs / 1e6:.1f} ms"
     )
 
 
