@@ -80,6 +80,26 @@ def test_bfloat16_norms_are_exactly_torchs(rows: int) -> None:
     torch.testing.assert_close(normed, llama._rms_norm(x + delta, w, 1e-5), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("width", [0, 8, 16])
+def test_bfloat16_add_rms_norm_in_either_pass_keeps_torchs_bits_and_nan(width: int) -> None:
+    """With torch's own reduction (sum width 0: add, torch's mean, scale) and with its order
+    reproduced (one pass per row), in-place residual and norm are torch's bits; a NaN in a row
+    stays NaN where torch's does, the other rows unchanged; ragged rows (a scalar tail)."""
+    torch.manual_seed(width)
+    for h in (576, 203):
+        x, delta = (torch.randn(9, h) * 3).bfloat16(), torch.randn(9, h).bfloat16()
+        x[2, 5] = float("nan")
+        w = torch.randn(h).bfloat16()
+        residual = x.clone()
+        normed = torch.ops.modelyard_kernels.add_rms_norm(residual, delta, w, 1e-5, width)
+        expected = llama._rms_norm(x + delta, w, 1e-5)
+        assert torch.equal(residual.isnan(), (x + delta).isnan())
+        assert torch.equal(normed.isnan(), expected.isnan()) and bool(normed[2].isnan().all())
+        if width in (0, kernels.torch_sum_width()):  # the order torch sums in on this host
+            torch.testing.assert_close(normed, expected, atol=0, rtol=0, equal_nan=True)
+        torch.testing.assert_close(residual, x + delta, atol=0, rtol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize(
     ("rows", "width"),
     [

@@ -50,8 +50,8 @@ using modelyard::v8;
 // and ~55 us on two.
 constexpr int64_t kElementsPerTask = 1 << 17;
 
-// Inside a decode step (claim.h's Team) passes split into chunks of this many rows or elements.
-constexpr int64_t kRowsPerChunk = 4, kElementsPerChunk = 4096;
+// Inside a decode step (claim.h's Team) passes split into chunks of this many rows.
+constexpr int64_t kRowsPerChunk = 4;
 
 int64_t row_grain(int64_t row_elements) {
   return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, row_elements));
@@ -154,26 +154,67 @@ float torch_sum_squares(const bf16* x, int64_t h, float* sq) {
   return total;
 }
 
+// the mean of squares of one bf16 row in torch's order (sum_width 8 or 16; sq: room for h)
+float row_mean_squares(const bf16* row, int64_t h, int64_t sum_width, float* sq) {
+  // rows shorter than one vector: ATen's scalar cascade (the same order on 1-wide vectors)
+  const float sum = h < sum_width       ? torch_sum_squares<1>(row, h, sq)
+                    : sum_width == 16   ? torch_sum_squares<16>(row, h, sq)
+                                        : torch_sum_squares<8>(row, h, sq);
+  return sum / static_cast<float>(h);  // torch's mean: the sum, then a true division
+}
+
+// y = w * (x * inv) over one bf16 row, x * inv rounded to bf16 first (HF's cast), then the
+// product rounded (plain loops: the compiler vectorizes them at the host's full width)
+void scale_row_bf16(const bf16* x, const bf16* w, float inv, bf16* y, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) {
+    y[i] = static_cast<bf16>(static_cast<float>(w[i]) * bf(static_cast<float>(x[i]) * inv));
+  }
+}
+
+// x += delta over one bf16 row as torch's bf16 add rounds it (float32 sum, then to bf16)
+void add_row_bf16(bf16* x, const bf16* delta, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) {
+    x[i] = static_cast<bf16>(static_cast<float>(x[i]) + static_cast<float>(delta[i]));
+  }
+}
+
 // bfloat16 RMSNorm with torch's bits, as HF computes it: w * (x.float() * rsqrt(mean(x.float()^2)
-// + eps)).to(bf16). The mean of squares comes from torch's own reduction (the result hangs on its
-// float32 summation order); the rest is one pass: x * r rounded to bf16, then times w, rounded.
+// + eps)).to(bf16), with delta (if given) first added to x in place. The result hangs on the
+// float32 mean of squares: torch's own reduction where its order was not reproduced (sum_width
+// 0), then a pass to scale; else one pass per row chunk: add, mean of squares, scale.
 at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double eps,
-                         int64_t sum_width) {
-  const at::Tensor var = mean_squares(x, sum_width);
+                         int64_t sum_width, const bf16* delta = nullptr) {
   const int64_t t = x.size(0), h = x.size(1);
-  auto y = at::empty_like(x);
-  const bf16* xp = x.data_ptr<bf16>();
+  bf16* xp = static_cast<bf16*>(x.data_ptr());
   const bf16* wp = weight.data_ptr<bf16>();
-  const float* vp = var.data_ptr<float>();
-  bf16* yp = y.data_ptr<bf16>();
   const float feps = static_cast<float>(eps);  // torch adds the Python float as a float32
-  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float inv = 1.f / std::sqrt(vp[r] + feps);
-      for (int64_t i = 0; i < h; ++i) {
-        const float normed = bf(static_cast<float>(xp[r * h + i]) * inv);
-        yp[r * h + i] = static_cast<bf16>(static_cast<float>(wp[i]) * normed);
+  auto y = at::empty_like(x);
+  bf16* yp = y.data_ptr<bf16>();
+  // one long row on several threads: torch splits its sum across them (another order)
+  const bool split = t == 1 && h >= at::internal::GRAIN_SIZE && at::get_num_threads() > 1;
+  if (sum_width == 0 || split) {
+    if (delta != nullptr) {
+      modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) add_row_bf16(xp + r * h, delta + r * h, h);
+      });
+    }
+    const at::Tensor var = mean_squares(x, sum_width);
+    const float* vp = var.data_ptr<float>();
+    modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        scale_row_bf16(xp + r * h, wp, 1.f / std::sqrt(vp[r] + feps), yp + r * h, h);
       }
+    });
+    return y;
+  }
+  modelyard::parallel_chunks(t, row_grain(h), kRowsPerChunk, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> squares;
+    squares.resize(static_cast<size_t>(h));
+    for (int64_t r = begin; r < end; ++r) {
+      bf16* row = xp + r * h;
+      if (delta != nullptr) add_row_bf16(row, delta + r * h, h);
+      const float var = row_mean_squares(row, h, sum_width, squares.data());
+      scale_row_bf16(row, wp, 1.f / std::sqrt(var + feps), yp + r * h, h);
     }
   });
   return y;
@@ -273,13 +314,7 @@ at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width) {
     thread_local std::vector<float> squares;
     squares.resize(static_cast<size_t>(h));
     for (int64_t r = begin; r < end; ++r) {
-      const bf16* row = xp + r * h;
-      float* sq = squares.data();
-      // rows shorter than one vector: ATen's scalar cascade (the same order on 1-wide vectors)
-      const float sum = h < sum_width          ? torch_sum_squares<1>(row, h, sq)
-                        : sum_width == 16      ? torch_sum_squares<16>(row, h, sq)
-                                               : torch_sum_squares<8>(row, h, sq);
-      op[r] = sum / static_cast<float>(h);  // torch's mean: the sum, then a true division
+      op[r] = row_mean_squares(xp + r * h, h, sum_width, squares.data());
     }
   });
   return out;
@@ -342,16 +377,7 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
     check_rows(x, {delta, weight}, "add_rms_norm");
     TORCH_CHECK(delta.sizes() == x.sizes() && weight.numel() == x.size(1),
                 "add_rms_norm: bad shapes");
-    bf16* xp = x.data_ptr<bf16>();
-    const bf16* dp = delta.data_ptr<bf16>();
-    const int64_t n = x.numel();
-    const auto add = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        xp[i] = static_cast<bf16>(static_cast<float>(xp[i]) + static_cast<float>(dp[i]));
-      }
-    };
-    modelyard::parallel_chunks(n, kElementsPerTask, kElementsPerChunk, add);
-    return rms_norm_bf16(x, weight, eps, sum_width);
+    return rms_norm_bf16(x, weight, eps, sum_width, delta.data_ptr<bf16>());
   }
   check_float_rows(x, "add_rms_norm");
   check_float_rows(delta, "add_rms_norm");
