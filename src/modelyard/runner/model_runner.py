@@ -24,7 +24,13 @@ from typing import Literal
 
 import torch
 
-from modelyard.engine.config import CacheConfig, LoRAConfig, ModelConfig, SpeculativeConfig
+from modelyard.engine.config import (
+    CacheConfig,
+    LoRAConfig,
+    ModelConfig,
+    SpeculativeConfig,
+    Switch,
+)
 from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.engine.scheduler_output import (
     DraftResult,
@@ -274,7 +280,7 @@ class ModelRunner:
         return lora.step(rows) if lora is not None else contextlib.nullcontext()
 
 
-def _gguf_source(resolved: ResolvedModel, switch: str) -> Path | None:
+def _gguf_source(resolved: ResolvedModel, switch: Switch) -> Path | None:
     """The GGUF file whose blocks the linear layers keep (`gguf_blocks: on`, or `auto` with
     MODELYARD_WEIGHTS=gguf), if any."""
     if switch == "off" or (switch == "auto" and kernel_config().weights != "gguf"):
