@@ -158,12 +158,13 @@ def gemm_cases() -> dict[str, Callable[[Any], torch.Tensor]]:
 
 
 def fp32_gemm_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
-    """The float32 GEMM at `rows` rows over 30 layers' weights, and SwiGLU's gate/up."""
+    """The float32 GEMM at `rows` rows over 30 layers' weights, and the lm_head (113 MB), and
+    SwiGLU's gate/up."""
     torch.manual_seed(2)
-    shapes = {"qkv": (960, 576), "o": (576, 576), "down": (576, 1536)}
+    shapes = {"qkv": (960, 576), "o": (576, 576), "down": (576, 1536), "lm_head": (49152, 576)}
     cases: dict[str, Callable[[Any], torch.Tensor]] = {}
     for name, (n, k) in shapes.items():
-        weights = [torch.randn(n, k) for _ in range(LAYERS)]
+        weights = [torch.randn(n, k) for _ in range(1 if name == "lm_head" else LAYERS)]
         x = torch.randn(rows, k)
         packed: dict[int, list[torch.Tensor]] = {}
 

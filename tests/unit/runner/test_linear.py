@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize("rows", [1, 5, 7, 32, 97, 300])  # micro-kernel and cache-block edges
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize(("out_features", "in_features"), [(96, 40), (37, 600)])
+@pytest.mark.parametrize(("out_features", "in_features"), [(96, 40), (37, 600), (149, 600)])
 def test_packed_linear_matches_f_linear(
     rows: int, with_bias: bool, out_features: int, in_features: int
 ) -> None:
@@ -30,6 +30,22 @@ def test_packed_linear_matches_f_linear(
     assert layer.out_features == out_features
     # a non-contiguous input (a transposed view) gives the same result
     torch.testing.assert_close(layer(x.t().contiguous().t()), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), [(112, 72), (149, 600), (3072, 576)])
+def test_a_single_row_gives_its_bits_in_a_batch(out_features: int, in_features: int) -> None:
+    """One row streams four panels at once with its own prefetch; every output still sums its k
+    in order, so a row alone and the same row among others give the same bits (block counts
+    with a remainder of three, two and none after the groups of four)."""
+    torch.manual_seed(out_features)
+    weight, x = torch.randn(out_features, in_features), torch.randn(6, in_features)
+    layer = Linear(weight, None, pack=True)
+    batch = layer(x)
+    for i in range(6):
+        torch.testing.assert_close(layer(x[i : i + 1]), batch[i : i + 1], rtol=0, atol=0)
+    gate, up = torch.randn(out_features, in_features), torch.randn(out_features, in_features)
+    swiglu = SwiGLU(gate, up, pack=True)
+    torch.testing.assert_close(swiglu(x[:1]), swiglu(x)[:1], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32, 97, 300])
