@@ -6,9 +6,9 @@
 // panels (16 output columns, k in pairs: exactly the B operand of `tdpbf16ps`, 16 pairs of k =
 // one 1 KiB tile), so one packing serves this kernel and the AVX-512 BF16 one. A unit of work is
 // two panels (32 columns); the threads claim units in turn (claim.h), and while a thread computes
-// one unit it prefetches the next unit's panels into L2, and per 32 k the next 32 k's B tiles
-// from L2 into L1 (tile loads then hit L1: 5-6 % less time over a decode step's weights at 1
-// and 32 rows, kernel_ab). Per 32 k it loads an A tile of up to 16 rows of x for each 16 rows,
+// one unit it prefetches each panel's stream 8 KiB ahead into L2 (at the panels' end running on
+// into the thread's next unit), and per 32 k the next 32 k's B tiles from L2 into L1 (tile
+// loads then hit L1: 5-6 % less time over a decode step's weights at 1 and 32 rows, kernel_ab). Per 32 k it loads an A tile of up to 16 rows of x for each 16 rows,
 // the two B tiles, and accumulates four 16 x 16 float32 C tiles; rows past 32 run as further
 // row blocks over the same panels (then in cache). Up to 32 rows a thread configures the tiles
 // once per call and releases them after its last unit (per unit cost ~4 %).
@@ -45,6 +45,9 @@ namespace {
 constexpr int64_t kCols = 16;    // output columns per panel
 constexpr int64_t kTileK = 32;   // k per tile (16 pairs)
 constexpr int64_t kBlockM = 32;  // rows of x per row block (two A tiles)
+// how far ahead of its tile loads each panel's stream is prefetched into L2 (kernel_ab, against
+// the whole next unit spread over this one: 0.93-0.97x at 32 rows and 1; 2 and 4 KiB: slower)
+constexpr int64_t kAhead = 8192;
 
 #if defined(MODELYARD_AMX)
 // the palette-1 tile configuration: C tiles 0-3 (rows r0, r0, r1, r1), A tiles 4-5 (r0, r1),
@@ -90,11 +93,12 @@ void epilogue(const float (*c)[16][16], int r0, int r1, at::BFloat16* y, int64_t
 }
 
 // one row block (r0 + r1 <= 32 rows of x at x, ldx elements apart) times two panels a, b
-// (b unused unless TWO) into the C tiles, then out through the epilogue; pf: the next unit's
-// lines to prefetch (2 per 16 pairs of each panel), or nullptr
+// (b unused unless TWO) into the C tiles; with `stream` (the first row block) it prefetches the
+// weight stream ahead: the panels' own lines, then those of next (the thread's next unit's first
+// panel, its second right after; nullptr: none)
 template <bool TWO, bool LOWER>
 void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* a, const at::BFloat16* b,
-           int64_t pairs, const char* pf, int64_t pf_lines) {
+           int64_t pairs, bool stream, const char* next) {
   _tile_zero(0);
   if (TWO) _tile_zero(1);
   if (LOWER) {
@@ -102,13 +106,22 @@ void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* a, const at::
     if (TWO) _tile_zero(3);
   }
   const int64_t stride = ldx * static_cast<int64_t>(sizeof(at::BFloat16));
-  int64_t fetched = 0;
+  const int64_t bytes = pairs * 64;  // of one panel
+  const char* pa = reinterpret_cast<const char*>(a);
+  const char* pb = reinterpret_cast<const char*>(b);
   for (int64_t j = 0; j < pairs; j += kTileK / 2) {
-    if (pf != nullptr) {  // this step's share of the next unit's lines
-      const int64_t until = std::min(pf_lines, (j + kTileK / 2) * pf_lines / pairs);
-      for (; fetched < until; ++fetched) _mm_prefetch(pf + fetched * 64, _MM_HINT_T1);
+    if (stream) {  // each panel's lines kAhead bytes on into L2, past its end the next unit's
+      for (int64_t o = j * 64 + kAhead; o < (j + kTileK / 2) * 64 + kAhead; o += 64) {
+        if (o < bytes) {
+          _mm_prefetch(pa + o, _MM_HINT_T1);
+          if (TWO) _mm_prefetch(pb + o, _MM_HINT_T1);
+        } else if (next != nullptr) {
+          _mm_prefetch(next + o - bytes, _MM_HINT_T1);
+          _mm_prefetch(next + o, _MM_HINT_T1);
+        }
+      }
     }
-    if (j + kTileK / 2 < pairs) {  // the next step's B tiles into L1 (from L2, see pf)
+    if (j + kTileK / 2 < pairs) {  // the next step's B tiles into L1 (from L2, see stream)
       const char* na = reinterpret_cast<const char*>(a + (j + kTileK / 2) * 2 * kCols);
       const char* nb = TWO ? reinterpret_cast<const char*>(b + (j + kTileK / 2) * 2 * kCols)
                            : nullptr;
@@ -147,19 +160,18 @@ void gemm(const at::Tensor& x, const at::Tensor& packed, at::Tensor& y) {
     const char* next = following < units
                            ? reinterpret_cast<const char*>(wp + 2 * following * panel_elems)
                            : nullptr;
-    const int64_t next_lines = (2 * following + 1 < panels ? 2 : 1) * pairs;  // 64 B a pair
     const int64_t ncols = std::min(unit_cols, n - unit * unit_cols);
     alignas(64) float c[4][16][16];
     for (int64_t i = 0; i < m; i += kBlockM) {
       const int r0 = static_cast<int>(std::min<int64_t>(16, m - i));
       const int r1 = static_cast<int>(std::clamp<int64_t>(m - i - 16, 0, 16));
       if (!one_block || opening) configure(r0, r1);
-      const char* pf = i == 0 ? next : nullptr;  // the first row block fetches the next unit
+      const bool stream = i == 0;  // later row blocks find the panels in cache
       const at::BFloat16* xi = xp + i * k;
-      if (two && r1 > 0) block<true, true>(xi, k, a, b, pairs, pf, next_lines);
-      if (two && r1 == 0) block<true, false>(xi, k, a, b, pairs, pf, next_lines);
-      if (!two && r1 > 0) block<false, true>(xi, k, a, b, pairs, pf, next_lines);
-      if (!two && r1 == 0) block<false, false>(xi, k, a, b, pairs, pf, next_lines);
+      if (two && r1 > 0) block<true, true>(xi, k, a, b, pairs, stream, next);
+      if (two && r1 == 0) block<true, false>(xi, k, a, b, pairs, stream, next);
+      if (!two && r1 > 0) block<false, true>(xi, k, a, b, pairs, stream, next);
+      if (!two && r1 == 0) block<false, false>(xi, k, a, b, pairs, stream, next);
       _tile_stored(0, c[0], 64);
       if (two) _tile_stored(1, c[1], 64);
       if (r1 > 0) {
