@@ -8,10 +8,11 @@
 // two panels (32 columns); the threads claim units in turn (claim.h), and while a thread computes
 // one unit it prefetches each panel's stream 8 KiB ahead into L2 (at the panels' end running on
 // into the thread's next unit), and per 32 k the next 32 k's B tiles from L2 into L1 (tile
-// loads then hit L1: 5-6 % less time over a decode step's weights at 1 and 32 rows, kernel_ab). Per 32 k it loads an A tile of up to 16 rows of x for each 16 rows,
-// the two B tiles, and accumulates four 16 x 16 float32 C tiles; rows past 32 run as further
-// row blocks over the same panels (then in cache). Up to 32 rows a thread configures the tiles
-// once per call and releases them after its last unit (per unit cost ~4 %).
+// loads then hit L1: 5-6 % less time over a decode step's weights at 1 and 32 rows, kernel_ab).
+// Per 32 k it loads an A tile of up to 16 rows of x for each 16 rows, the two B tiles, and
+// accumulates four 16 x 16 float32 C tiles; rows past 32 run as further row blocks over the same
+// panels (then in cache). Up to 32 rows a thread configures the tiles once per call and releases
+// them after its last unit (per unit cost ~4 %).
 //
 // The sum over K runs in one float32 accumulator per output in AMX's own order (pairs of k
 // within a tile, tiles in order of k): not oneDNN's order, so results differ from F.linear in
@@ -46,7 +47,8 @@ constexpr int64_t kCols = 16;    // output columns per panel
 constexpr int64_t kTileK = 32;   // k per tile (16 pairs)
 constexpr int64_t kBlockM = 32;  // rows of x per row block (two A tiles)
 // how far ahead of its tile loads each panel's stream is prefetched into L2 (kernel_ab, against
-// the whole next unit spread over this one: 0.93-0.97x at 32 rows and 1; 2 and 4 KiB: slower)
+// the whole next unit spread over this one: 0.92x the time at 32 rows, 0.95x at 1; 2 and 4 KiB
+// ahead: ~3 % slower than 8 at 32 rows)
 constexpr int64_t kAhead = 8192;
 
 #if defined(MODELYARD_AMX)
