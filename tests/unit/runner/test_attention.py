@@ -101,8 +101,13 @@ def _write_history(
 
 
 @pytest.mark.usefixtures("decode_path")
-def test_mixed_step_matches_unpaged_sdpa() -> None:
-    """Decodes, a fresh prefill and a continued prefill in one flat batch, scattered blocks."""
+@pytest.mark.parametrize("prefill_sdpa", [False, True], ids=["kernel-prompts", "sdpa-prompts"])
+def test_mixed_step_matches_unpaged_sdpa(
+    prefill_sdpa: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decodes, a fresh prefill and a continued prefill in one flat batch, scattered blocks;
+    prompt rows on the kernel or on SDPA (MODELYARD_PREFILL_SDPA)."""
+    monkeypatch.setattr(attention, "_PREFILL_SDPA", prefill_sdpa)
     torch.manual_seed(1)
     rng = random.Random(1)
     starts = [9, 0, 5, 30, 10]  # cached tokens before this step

@@ -10,7 +10,8 @@
 // once to float32 in a per-thread buffer that stays in L1. The arithmetic then follows SDPA's CPU
 // flash kernel for bf16: float32 scores and softmax, the unnormalised probabilities rounded to
 // bf16 for the sum over values (float32 accumulators), one multiply by 1 / sum, and the output
-// rounded to bf16. On AVX-512 BF16 hosts the common shapes skip the widening: see decode_dp.
+// rounded to bf16. On AVX-512 BF16 hosts the common shapes skip the widening: see decode_dp;
+// on AMX hosts its scores run on tiles (amx_item_scores).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -379,6 +380,110 @@ inline void dp_scores(const __m512bh* q, const at::BFloat16* k, int64_t n, float
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// Scores on AMX tiles (AMX hosts, where the tile state was granted: amx_ready), head size 64.
+// C (16 keys x 16 query columns, float32) = K (16 key rows x 32 of the head size per tile, read
+// in place from the block) times Q^T (the G query rows' pairs as a tile's columns): two tile
+// multiplies per 16 keys and no horizontal reductions, which were most of dp_scores' work. The
+// G columns of C are then gathered out as rows of scores. Two chunks are in flight on tiles of
+// their own (a tile multiply's latency is several times its issue interval). Keys go in 16-row
+// chunks aligned inside their block (block sizes a multiple of 16), so a chunk may hold rows
+// before `first` or past the last key: their scores come from whatever the rows hold and are
+// never stored. Over 30 layers x 32 requests x 191 keys read from memory: 0.89-0.94x the time
+// of dp_scores (kernel_ab, three block layouts).
+#define MODELYARD_AMX_SCORES 1
+
+// tiles 0-1: C of chunks a, b; 2-3: K of a; 4-5: K of b; 6-7: Q^T; 16 rows of 64 bytes each
+inline void configure_score_tiles() {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+// The B operand of the score tiles: qt[c][k][j] holds query row j's values 32 c + 2 k and
+// 32 c + 2 k + 1 (columns past G stay zero); loaded into tiles 6 and 7
+template <int G>
+struct QueryTiles {
+  alignas(64) uint32_t qt[2][16][16] = {};
+
+  void load(const at::BFloat16* q) {
+    uint32_t pairs[G][32];
+    std::memcpy(pairs, q, sizeof(pairs));
+    for (int j = 0; j < G; ++j) {
+      for (int c = 0; c < 2; ++c) {
+        for (int k = 0; k < 16; ++k) qt[c][k][j] = pairs[j][16 * c + k];
+      }
+    }
+    _tile_loadd(6, qt[0], 64);
+    _tile_loadd(7, qt[1], 64);
+  }
+};
+
+// One chunk's scores out of C (16 keys x 16 columns), scaled, stored for lanes [lo, hi) into
+// s[j * stride + lane] (s: the chunk's position in the rows of scores)
+template <int G>
+inline void store_scores(const float (*c)[16], int lo, int hi, float scale, float* s,
+                         int64_t stride) {
+  const __m512i column = _mm512_slli_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 4);
+  const auto lanes = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+  for (int j = 0; j < G; ++j) {
+    const __m512 dots = _mm512_i32gather_ps(column, &c[0][j], 4);
+    _mm512_mask_storeu_ps(s + j * stride, lanes, _mm512_mul_ps(dots, _mm512_set1_ps(scale)));
+  }
+}
+
+// The scores of item (r, h) for the query rows in tiles 6-7 against the request's keys, into
+// s[j * stride + t]
+template <int G>
+void amx_item_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h, float scale,
+                     float* s, int64_t stride) {
+  constexpr int64_t hd = 64, row_bytes = 128;
+  const auto [first, len] = kv.key_range(r);
+  const int64_t bs = kv.bs, last_block = (len - 1) / bs;
+  alignas(64) float c[2][16][16];
+  const auto chunk = [&](int64_t cs) {
+    const int64_t b = cs / bs;
+    if (cs % bs == 0 && b < last_block) {
+      prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
+    }
+    return kv.k + (kv.block_row(r, h, b) + cs % bs) * hd;
+  };
+  const auto out = [&](int i, int64_t cs) {
+    const int lo = static_cast<int>(std::max(first, cs) - cs);
+    const int hi = static_cast<int>(std::min(len, cs + 16) - cs);
+    store_scores<G>(c[i], lo, hi, scale, s + (cs - first), stride);
+  };
+  for (int64_t cs = first / 16 * 16; cs < len; cs += 32) {
+    const bool two = cs + 16 < len;
+    const at::BFloat16* ka = chunk(cs);
+    _tile_zero(0);
+    _tile_loadd(2, ka, row_bytes);
+    _tile_loadd(3, ka + 32, row_bytes);
+    _tile_dpbf16ps(0, 2, 6);
+    if (two) {
+      const at::BFloat16* kb = chunk(cs + 16);
+      _tile_zero(1);
+      _tile_loadd(4, kb, row_bytes);
+      _tile_loadd(5, kb + 32, row_bytes);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_dpbf16ps(0, 3, 7);
+      _tile_dpbf16ps(1, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 3, 7);
+    }
+    _tile_stored(0, c[0], 64);
+    if (two) _tile_stored(1, c[1], 64);
+    out(0, cs);
+    if (two) out(1, cs + 16);
+  }
+}
+#endif
+
 // acc[j][c] += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, 32 C):
 // tokens t, t + 1 in one instruction on their rows interleaved (unpack order: lanes 4L + i of
 // acc[j][c][0] and [1] hold columns 8L + i and 8L + 4 + i of chunk c)
@@ -420,9 +525,36 @@ inline void unscramble(__m512 lo, __m512 hi, float f, at::BFloat16* out) {
   modelyard::store_bf16x16(out + 16, reinterpret_cast<const modelyard::v16&>(b));
 }
 
+// The scores of item (r, h) by dp_scores: the G query rows at qh against the request's keys,
+// scaled, into s[j * stride + t]
+template <int G, int C>
+void dp_item_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h,
+                    const at::BFloat16* qh, float scale, float* s, int64_t stride) {
+  constexpr int64_t hd = 32 * C;
+  const auto [first, len] = kv.key_range(r);
+  const int64_t bs = kv.bs, last_block = (len - 1) / bs;
+  __m512bh qv[G * C];
+  for (int i = 0; i < G * C; ++i) {
+    qv[i] = (__m512bh)_mm512_loadu_si512(reinterpret_cast<const __m512i*>(qh) + i);
+  }
+  for (int64_t p = first; p < len;) {
+    const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
+    if (b < last_block) prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
+    const at::BFloat16* keys = kv.k + (kv.block_row(r, h, b) + p % bs) * hd;
+    int64_t o = 0;
+    for (; o + 16 <= run; o += 16) {
+      dp_scores<G, C, true>(qv, keys + o * hd, 16, scale, s + (p - first) + o, stride);
+    }
+    if (o < run) {
+      dp_scores<G, C, false>(qv, keys + o * hd, run - o, scale, s + (p - first) + o, stride);
+    }
+    p += run;
+  }
+}
+
 // decode<bf16> for G query heads per KV head and head size 32 C; q (D, nh, hd) bf16 (rows
 // q_row apart) -> (D, nh, hd) bf16, contiguous
-template <int G, int C>
+template <int G, int C, bool AMX>
 at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                      int64_t window) {
@@ -444,30 +576,23 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = (len - 1) / bs;
     const int64_t stride = (n + 2) & ~int64_t(1);  // even: room for a pair past the last key
-    scores.resize(static_cast<size_t>(G * stride));
+    constexpr int64_t front = AMX ? 16 : 0;  // AMX: room for a chunk's lanes before `first`
+    scores.resize(static_cast<size_t>(G * stride + front));
     probs.resize(static_cast<size_t>(G * stride));
-    __m512bh qv[G * C];
-    const auto* qh = reinterpret_cast<const __m512i*>(qp + r * q_row + h * G * hd);
-    for (int i = 0; i < G * C; ++i) qv[i] = (__m512bh)_mm512_loadu_si512(qh + i);
-    for (int64_t p = first; p < len;) {
-      const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
-      if (b < last_block) prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
-      const bf16* keys = kv.k + (kv.block_row(r, h, b) + p % bs) * hd;
-      int64_t o = 0;
-      for (; o + 16 <= run; o += 16) {
-        dp_scores<G, C, true>(qv, keys + o * hd, 16, fscale, scores.data() + (p - first) + o,
-                              stride);
-      }
-      if (o < run) {
-        dp_scores<G, C, false>(qv, keys + o * hd, run - o, fscale,
-                               scores.data() + (p - first) + o, stride);
-      }
-      p += run;
+    float* const s = scores.data() + front;
+    const bf16* const qh = qp + r * q_row + h * G * hd;
+#if defined(MODELYARD_AMX_SCORES)
+    if constexpr (AMX) {
+      if (opening) configure_score_tiles();
+      thread_local QueryTiles<G> tiles;
+      tiles.load(qh);
+      amx_item_scores<G>(kv, r, h, fscale, s, stride);
+      if (following >= d * nkv) _tile_release();  // this thread's last item
     }
+#endif
+    if constexpr (!AMX) dp_item_scores<G, C>(kv, r, h, qh, fscale, s, stride);
     float inv[G];
-    for (int j = 0; j < G; ++j) {
-      inv[j] = exp_probs(scores.data() + j * stride, n, probs.data() + j * stride);
-    }
+    for (int j = 0; j < G; ++j) inv[j] = exp_probs(s + j * stride, n, probs.data() + j * stride);
     __m512 acc[G][C][2];
     for (int j = 0; j < G; ++j) {
       for (int c = 0; c < C; ++c) acc[j][c][0] = acc[j][c][1] = _mm512_setzero_ps();
@@ -499,7 +624,15 @@ at::Tensor try_decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const a
   auto attempt = [&](auto gv, auto cv) {
     constexpr int G = decltype(gv)::value, C = decltype(cv)::value;
     if (!out.defined() && g == G && hd == 32 * C) {
-      out = decode_dp<G, C>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+#if defined(MODELYARD_AMX_SCORES)
+      if constexpr (C == 2) {  // AMX scores: head size 64
+        if (k_cache.size(2) % 16 == 0 && amx_ready()) {
+          out = decode_dp<G, C, true>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+          return;
+        }
+      }
+#endif
+      out = decode_dp<G, C, false>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
     }
   };
   using std::integral_constant;
