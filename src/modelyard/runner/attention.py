@@ -14,12 +14,12 @@ compiled kernels the model's fused RoPE op writes them instead). Then:
 - with the runner's kernels built (runner.kernels; float32 or bfloat16), ONE C++ call attends
   every row of the step, decodes and prefill rows alike: a row at position p is a query over
   keys [0, p] of its request, read in place from the cache through the block table
-  (`AttentionMetadata.kernel_rows`; a prefill chunk's rows share its table), with SDPA's
-  arithmetic but not its summation order: results within its rounding, not its bits. Where
-  `MODELYARD_PREFILL_SDPA` says so (by default on AMX hosts, where torch's flash kernel
-  attends prompts in half the time; elsewhere the one call per layer takes less time:
-  docs/benchmarks.md) prefill chunks go to SDPA instead, and their bits then equal
-  transformers' for a prompt attended whole;
+  (`AttentionMetadata.kernel_rows`; a prefill chunk's rows share its table). A prefill row so
+  costs what SDPA's causal flash kernel would, in one call per layer instead of one per chunk
+  (less time than SDPA: docs/benchmarks.md), with SDPA's arithmetic
+  but not its summation order: results within its rounding, not its bits.
+  `MODELYARD_PREFILL_SDPA=1` keeps SDPA for prefill chunks (their bits then equal
+  transformers' for a prompt attended whole);
 - otherwise decodes (one new token each) attend together: the torch path gathers their blocks
   request-major with one index_select into scratch buffers allocated once per step and shared
   by every layer (a fresh 1-2 MB tensor per layer costs more in page faults than the copy

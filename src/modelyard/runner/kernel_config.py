@@ -13,9 +13,7 @@ is ignored. The other switches:
 - `MODELYARD_NATIVE_KERNELS=0`: no compiled kernels at all (the pure-torch path);
 - `MODELYARD_PACKED_LINEAR=0`: linear layers on `F.linear` (for comparisons);
 - `MODELYARD_DECODE_TEAM=0`: decode steps without the spinning helper thread (csrc/claim.h);
-- `MODELYARD_PREFILL_SDPA`: prompt rows attended by SDPA (its bits; `1`) or by the paged
-  kernel (`0`); by default (`auto`) SDPA on `amx` kernels, where torch's flash kernel takes
-  half the kernel's time on prompts, and the kernel on the other kinds;
+- `MODELYARD_PREFILL_SDPA=1`: prompt rows attended by SDPA (its bits) instead of the kernel;
 - `MODELYARD_WEIGHTS=int8`: weight-only int8 linear layers (a scale per output row; the
   activations stay float32 / bf16): half of bf16's bytes per decode step, a quarter of float32's,
   at a small cost in quality (runner.linear; tests/integration/runner/test_int8_quality.py);
@@ -98,7 +96,7 @@ class KernelConfig:
     native_kernels: bool = True  # compiled kernels at all
     packed_linear: bool = True  # linear layers on weights packed at load
     decode_team: bool = True  # a spinning helper thread inside decode steps
-    prefill_sdpa: bool = False  # prompt rows on SDPA instead of the paged kernel (auto: amx)
+    prefill_sdpa: bool = False  # prompt rows on SDPA instead of the paged kernel
     bf16_gemm: Bf16Gemm = "auto"  # when the runner's own bf16 GEMM replaces oneDNN
     weights: Weights = ""  # "int8" / "gguf": quantized linear layers
 
@@ -120,16 +118,16 @@ class KernelConfig:
         weights = env.get("MODELYARD_WEIGHTS", "")
         if weights not in ("", "int8", "gguf"):
             raise ValueError(f"MODELYARD_WEIGHTS must be int8, gguf or unset, not {weights!r}")
-        prefill = env.get("MODELYARD_PREFILL_SDPA", "auto") or "auto"
-        if prefill not in ("auto", "0", "1"):
-            raise ValueError(f"MODELYARD_PREFILL_SDPA must be auto, 0 or 1, not {prefill!r}")
+        prefill = env.get("MODELYARD_PREFILL_SDPA", "0") or "0"
+        if prefill not in ("0", "1"):
+            raise ValueError(f"MODELYARD_PREFILL_SDPA must be 0 or 1, not {prefill!r}")
         return cls(
             isa=isa,
             host=host,
             native_kernels=env.get("MODELYARD_NATIVE_KERNELS", "1") != "0",
             packed_linear=env.get("MODELYARD_PACKED_LINEAR", "1") != "0",
             decode_team=env.get("MODELYARD_DECODE_TEAM", "1") != "0",
-            prefill_sdpa=prefill == "1" or (prefill == "auto" and isa == "amx"),
+            prefill_sdpa=prefill == "1",
             bf16_gemm=gemm,  # type: ignore[arg-type]
             weights=weights,  # type: ignore[arg-type]
         )

@@ -64,16 +64,3 @@ def test_switches_and_bad_values() -> None:
         KernelConfig.from_env({"MODELYARD_BF16_GEMM": "fastest"})
     with pytest.raises(ValueError, match="MODELYARD_PREFILL_SDPA"):
         KernelConfig.from_env({"MODELYARD_PREFILL_SDPA": "yes"})
-
-
-def test_prompt_rows_go_to_sdpa_by_default_on_amx_kernels_only(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(kc, "host_kind", lambda: "amx")
-    assert KernelConfig.from_env({}).prefill_sdpa
-    assert KernelConfig.from_env({"MODELYARD_PREFILL_SDPA": "auto"}).prefill_sdpa
-    assert not KernelConfig.from_env({"MODELYARD_PREFILL_SDPA": "0"}).prefill_sdpa
-    assert not KernelConfig.from_env({"MODELYARD_ISA": "avx512-bf16"}).prefill_sdpa
-    monkeypatch.setattr(kc, "host_kind", lambda: "avx512-bf16")
-    assert not KernelConfig.from_env({}).prefill_sdpa
-    assert KernelConfig.from_env({"MODELYARD_PREFILL_SDPA": "1"}).prefill_sdpa
