@@ -141,6 +141,26 @@ def host_kind() -> str:
     return kind()
 
 
+def cpu_identity() -> dict[str, str]:
+    """Family / model / stepping and the L3 size as /proc/cpuinfo gives them: two hosts that
+    report the same model name (a virtual machine's "Intel(R) Xeon(R) Processor") can still
+    differ here, and in speed."""
+    fields = {"cpu family": "", "model": "", "stepping": "", "cache size": ""}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in fields and not fields[key]:
+                    fields[key] = value.strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+    except OSError:
+        return {}
+    signature = "/".join(fields[k] for k in ("cpu family", "model", "stepping"))
+    return {"cpu_signature": signature, "cache_size": fields["cache size"]}
+
+
 def machine_info() -> dict[str, Any]:
     """Host kind, CPU model and flags, core count, versions and the commit measured."""
     import os
@@ -161,6 +181,7 @@ def machine_info() -> dict[str, Any]:
         "kernel_isa": kernel_config().isa,
         "cpu_model": cpu_model(),
         "cpu_flags": [f for f in _ISA_FLAGS if f in flags],
+        **cpu_identity(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "modelyard_commit": commit,
