@@ -14,6 +14,8 @@ is ignored. The other switches:
 - `MODELYARD_PACKED_LINEAR=0`: linear layers on `F.linear` (for comparisons);
 - `MODELYARD_DECODE_TEAM=0`: decode steps without the spinning helper thread (csrc/claim.h);
 - `MODELYARD_PREFILL_SDPA=1`: prompt rows attended by SDPA (its bits) instead of the kernel;
+- `MODELYARD_KV_TILES=0`: bf16 KV caches keep the plain layout on AMX hosts too (by default
+  they take the tile layout that decode attention reads as AMX operands: runner.kernels.kv_layout);
 - `MODELYARD_WEIGHTS=int8`: weight-only int8 linear layers (a scale per output row; the
   activations stay float32 / bf16): half of bf16's bytes per decode step, a quarter of float32's,
   at a small cost in quality (runner.linear; tests/integration/runner/test_int8_quality.py);
@@ -97,6 +99,7 @@ class KernelConfig:
     packed_linear: bool = True  # linear layers on weights packed at load
     decode_team: bool = True  # a spinning helper thread inside decode steps
     prefill_sdpa: bool = False  # prompt rows on SDPA instead of the paged kernel
+    kv_tiles: bool = True  # bf16 KV caches in the tile layout where AMX attention reads it
     bf16_gemm: Bf16Gemm = "auto"  # when the runner's own bf16 GEMM replaces oneDNN
     weights: Weights = ""  # "int8" / "gguf": quantized linear layers
 
@@ -121,6 +124,9 @@ class KernelConfig:
         prefill = env.get("MODELYARD_PREFILL_SDPA", "0") or "0"
         if prefill not in ("0", "1"):
             raise ValueError(f"MODELYARD_PREFILL_SDPA must be 0 or 1, not {prefill!r}")
+        kv_tiles = env.get("MODELYARD_KV_TILES", "1") or "1"
+        if kv_tiles not in ("0", "1"):
+            raise ValueError(f"MODELYARD_KV_TILES must be 0 or 1, not {kv_tiles!r}")
         return cls(
             isa=isa,
             host=host,
@@ -128,6 +134,7 @@ class KernelConfig:
             packed_linear=env.get("MODELYARD_PACKED_LINEAR", "1") != "0",
             decode_team=env.get("MODELYARD_DECODE_TEAM", "1") != "0",
             prefill_sdpa=prefill == "1",
+            kv_tiles=kv_tiles == "1",
             bf16_gemm=gemm,  # type: ignore[arg-type]
             weights=weights,  # type: ignore[arg-type]
         )

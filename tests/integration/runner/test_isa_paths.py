@@ -79,3 +79,28 @@ def test_kernels_pass_their_tests_on_a_forced_lower_path(kind: str) -> None:
         timeout=2300,
     )
     assert tests.returncode == 0, tests.stdout[-4000:]
+
+
+@pytest.mark.timeout(900)
+def test_amx_host_also_passes_with_the_plain_kv_layout() -> None:
+    """On AMX hosts a bf16 KV cache takes the tile layout by default (runner.kernels.kv_layout);
+    MODELYARD_KV_TILES=0 keeps the plain one, which AVX-512 BF16 hosts run: the attention tests
+    and the real model's bf16 acceptance pass with it here too."""
+    if host_kind() != "amx":
+        pytest.skip(f"this host's kind is {host_kind()}: its caches are plain anyway")
+    env = {**os.environ, "MODELYARD_KV_TILES": "0"}
+    tests = [
+        "tests/unit/runner/test_attention.py",
+        f"{ACCEPTANCE}::test_bfloat16_batch_smoke",
+        "tests/integration/runner/test_smollm2.py",
+    ]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert " passed" in run.stdout

@@ -9,7 +9,7 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   // paged_decode.cpp
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor seq_lens, float scale, int window) -> Tensor");
+      "Tensor seq_lens, float scale, int window, int layout=0) -> Tensor");
   m.impl("paged_decode_attention", c10::DispatchKey::CPU, &paged_decode_attention);
   // fused_ops.cpp
   m.def("rms_norm(Tensor x, Tensor weight, float eps, int sum_width) -> Tensor");
@@ -23,7 +23,7 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
   m.def(
       "rope_store(Tensor(a!) qkv, Tensor cos, Tensor signed_sin, Tensor positions, "
-      "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");
+      "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots, int num_heads, int layout=0) -> ()");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("add_rms_norm", c10::DispatchKey::CPU, &add_rms_norm);
   m.impl("argmax_rows", c10::DispatchKey::CPU, &argmax_rows);

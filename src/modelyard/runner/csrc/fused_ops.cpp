@@ -7,7 +7,8 @@
 //   rms_norm       y = w * (x / sqrt(mean(x^2) + eps))                    (HF LlamaRMSNorm)
 //   add_rms_norm   x += delta in place, then rms_norm(x)                  (residual + norm)
 //   rope_store     rotate-half RoPE on the q and k heads of the fused qkv rows in place, then
-//                  write the step's k and v rows into their paged-cache slots
+//                  write the step's k and v rows into their paged-cache slots (plain rows, or
+//                  the tile layout of AMX hosts: store_tile_layout)
 //   argmax_rows    torch.argmax(x, -1) for greedy sampling (the first maximum; a NaN counts as
 //                  the maximum, as in torch): a vector max, then a scan for its first index
 //   silu_mul       bfloat16 SwiGLU activation: silu(gate) * up for (T, 2I) rows [gate | up]
@@ -248,12 +249,32 @@ inline void rotate(T* x, const T* c, const T* s, int64_t half) {
   }
 }
 
+// The tile layout of a KV cache (runner.kernels.KV_TILE_LAYOUT): within each (bs, hd) block of
+// one KV head, K as (hd / 2, bs, 2), the pairs of head dims of each key side by side per dim
+// pair, and V as (bs / 2, hd, 2), the values of each pair of keys side by side per dim: the B
+// operands of AMX tile multiplies (csrc/paged_decode.cpp), read in place. slot_row: the row of
+// the (nkv * NB * bs, hd) cache view the key would take in the plain layout.
+constexpr int64_t kTileLayout = 1;
+
+template <typename T>
+void store_tile_layout(const T* k, const T* v, T* kc, T* vc, int64_t slot_row, int64_t bs,
+                       int64_t hd) {
+  const int64_t o = slot_row % bs, block = (slot_row - o) * hd;
+  T* kb = kc + block;
+  T* vb = vc + block + (o / 2 * hd) * 2 + o % 2;
+  for (int64_t p = 0; p < hd / 2; ++p) {
+    kb[(p * bs + o) * 2] = k[2 * p];
+    kb[(p * bs + o) * 2 + 1] = k[2 * p + 1];
+  }
+  for (int64_t d = 0; d < hd; ++d) vb[2 * d] = v[d];
+}
+
 template <typename T>
 void rope_store_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
                      const int64_t* pos, at::Tensor& k_cache, at::Tensor& v_cache,
-                     const int64_t* slot, int64_t num_heads) {
-  const int64_t t = qkv.size(0), nkv = k_cache.size(0), hd = k_cache.size(3);
-  const int64_t cache_slots = k_cache.size(1) * k_cache.size(2);
+                     const int64_t* slot, int64_t num_heads, int64_t layout) {
+  const int64_t t = qkv.size(0), nkv = k_cache.size(0), bs = k_cache.size(2), hd = k_cache.size(3);
+  const int64_t cache_slots = k_cache.size(1) * bs;
   const int64_t width = qkv.size(1), rotated = num_heads + nkv, half = hd / 2;
   T* qp = qkv.data_ptr<T>();
   const T* cp = cos.data_ptr<T>();
@@ -267,9 +288,13 @@ void rope_store_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& s
         rotate(row + head * hd, cp + pos[r] * hd, sp + pos[r] * hd, half);
       }
       for (int64_t h = 0; h < nkv; ++h) {
-        const int64_t dst = (h * cache_slots + slot[r]) * hd;
         const T* k = row + (num_heads + h) * hd;
         const T* v = row + (num_heads + nkv + h) * hd;
+        if (layout == kTileLayout) {
+          store_tile_layout(k, v, kc, vc, h * cache_slots + slot[r], bs, hd);
+          continue;
+        }
+        const int64_t dst = (h * cache_slots + slot[r]) * hd;
         std::copy(k, k + hd, kc + dst);
         std::copy(v, v + hd, vc + dst);
       }
@@ -424,7 +449,7 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 // one dtype (float32 or bfloat16).
 void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
                 const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache,
-                const at::Tensor& slots, int64_t num_heads) {
+                const at::Tensor& slots, int64_t num_heads, int64_t layout) {
   check_rows(qkv, {cos, signed_sin, k_cache, v_cache}, "rope_store");
   TORCH_CHECK(positions.is_contiguous() && slots.is_contiguous(),
               "rope_store: contiguous positions and slots");
@@ -433,6 +458,8 @@ void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * nkv) * hd && cos.size(1) == hd && hd % 2 == 0,
               "rope_store: bad shapes");
   TORCH_CHECK(positions.numel() == t && slots.numel() == t, "rope_store: one position per row");
+  TORCH_CHECK(layout == 0 || (layout == kTileLayout && k_cache.size(2) % 2 == 0),
+              "rope_store: layout 0 (plain) or 1 (tiles, even block size)");
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t r = 0; r < t; ++r) {
@@ -440,9 +467,9 @@ void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed
     TORCH_CHECK(slot[r] >= 0 && slot[r] < cache_slots, "rope_store: slot out of range");
   }
   if (qkv.scalar_type() == at::kFloat) {
-    rope_store_rows<float>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
+    rope_store_rows<float>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads, layout);
   } else {
-    rope_store_rows<bf16>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads);
+    rope_store_rows<bf16>(qkv, cos, signed_sin, pos, k_cache, v_cache, slot, num_heads, layout);
   }
 }
 

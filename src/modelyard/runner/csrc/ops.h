@@ -11,7 +11,8 @@ namespace modelyard::ops {
 // paged_decode.cpp
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& seq_lens, double scale, int64_t window);
+                                  const at::Tensor& seq_lens, double scale, int64_t window,
+                                  int64_t layout);
 
 // fused_ops.cpp
 at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width);
@@ -22,7 +23,7 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
 at::Tensor argmax_rows(const at::Tensor& x);
 void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
                 const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache,
-                const at::Tensor& slots, int64_t num_heads);
+                const at::Tensor& slots, int64_t num_heads, int64_t layout);
 
 // gemm.cpp
 at::Tensor pack_weight(const at::Tensor& w);

@@ -482,6 +482,184 @@ void amx_item_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h, floa
     if (two) out(1, cs + 16);
   }
 }
+
+// exp_probs on unscaled scores: exp(s * scale - max) rounded to bf16 into pb; 1 / the sum
+inline float exp_probs_scaled(const float* s, int64_t n, float scale, at::BFloat16* pb) {
+  const __m512 f = _mm512_set1_ps(scale);
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = head_mask(n - i);
+    m = _mm512_mask_max_ps(m, lanes, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + i), f));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = head_mask(n - i);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + i), f);
+    const __m512 e = exp16(_mm512_sub_ps(x, top));
+    sum = _mm512_mask_add_ps(sum, lanes, sum, e);
+    const modelyard::v16 ev = reinterpret_cast<const modelyard::v16&>(e);
+    const modelyard::u32x16 rounded = modelyard::round_bf16x16_bits(ev) >> 16;
+    _mm256_mask_storeu_epi16(pb + i, lanes,
+                             _mm512_cvtepi32_epi16(reinterpret_cast<const __m512i&>(rounded)));
+  }
+  return 1.f / _mm512_reduce_add_ps(sum);
+}
+
+// Decode attention on a cache in the tile layout (kv layout 1, written so by rope_store: within
+// a block, K as (hd / 2, bs, 2) and V as (bs / 2, hd, 2)), head size 64, block size a multiple
+// of 16, on AMX hosts. Both products run on tiles with the G query rows as the A operand, so no
+// lane of a tile is wasted on absent query columns and nothing is gathered or reduced after:
+// scores S (G x 16 keys) = Q (G x 32 dims, twice) times K^T, read in place as the B operand
+// (16 dim pairs x 16 keys); after the softmax, O (G x 64) += P (G x 16 keys, bf16 as SDPA rounds
+// it) times V, read in place as four B operands (8 key pairs x 16 dims). 0.78x the time of
+// decode_dp<G, 2, true> over 30 layers x 32 requests x ~190 keys (from memory and from cache
+// alike). The arithmetic is decode_dp's: float32 scores and softmax, bf16 P, float32 sums, one
+// multiply by 1 / sum, the output rounded to bf16; the sums' order is the tiles' own.
+// Tiles: 0-1 S of two 16-key chunks (then O's first two 16-column groups), 2-3 Q (then O's
+// other two), 4-5 K^T of one chunk, 6 P, 7 V.
+template <int G>
+inline void configure_layout_tiles() {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } cfg;
+  for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = G;
+  cfg.colsb[4] = cfg.colsb[5] = 64, cfg.rows[4] = cfg.rows[5] = 16;
+  cfg.colsb[6] = 32, cfg.rows[6] = G;
+  cfg.colsb[7] = 64, cfg.rows[7] = 8;
+  _tile_loadconfig(&cfg);
+}
+
+// The scores of item (r, h) against the request's keys from chunk `base` on (a multiple of 16),
+// unscaled, into s[j * stride + t - base], from the query rows in tiles 2-3: two 16-key chunks
+// in flight on tiles 0 and 1 (a chunk may hold keys past the last: their scores are never read)
+template <int G>
+void tile_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h, int64_t base,
+                 float* s, int64_t stride) {
+  constexpr int64_t hd = 64;
+  const int64_t bs = kv.bs, len = kv.key_range(r).second, last_block = (len - 1) / bs;
+  const auto keys = [&](int64_t cs) {  // K^T of chunk cs: dims 0-31 in tile 4, 32-63 in 5
+    const int64_t b = cs / bs, o = cs % bs;
+    if (o == 0 && b < last_block) prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
+    const at::BFloat16* kb = kv.k + kv.block_row(r, h, b) * hd;
+    _tile_loadd(4, kb + o * 2, bs * 4);
+    _tile_loadd(5, kb + (16 * bs + o) * 2, bs * 4);
+  };
+  for (int64_t cs = base; cs < len; cs += 32) {
+    _tile_zero(0);
+    keys(cs);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(0, 3, 5);
+    if (cs + 16 < len) {
+      _tile_zero(1);
+      keys(cs + 16);
+      _tile_dpbf16ps(1, 2, 4);
+      _tile_dpbf16ps(1, 3, 5);
+      _tile_stored(1, s + (cs + 16 - base), stride * 4);
+    }
+    _tile_stored(0, s + (cs - base), stride * 4);
+  }
+}
+
+// O (G x 64, tiles 0-3) = P (bf16 rows pb, stride apart, zero outside the request's keys) times
+// the values of item (r, h) from chunk `base` on. The last chunk's rows past the request's
+// last key are left out (copied, zeroed): a stale row there may hold anything, even a NaN.
+template <int G>
+void tile_values(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h, int64_t base,
+                 const at::BFloat16* pb, int64_t stride) {
+  constexpr int64_t hd = 64;
+  const int64_t bs = kv.bs, len = kv.key_range(r).second, last_block = (len - 1) / bs;
+  alignas(64) at::BFloat16 tail[8 * hd * 2];
+  _tile_zero(0);  // (tile numbers are immediates: no loops over them)
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t cs = base; cs < len; cs += 16) {
+    const int64_t b = cs / bs, o = cs % bs;
+    if (o == 0 && b < last_block) prefetch_rows(kv.v + kv.block_row(r, h, b + 1) * hd, bs * hd);
+    const at::BFloat16* vb = kv.v + (kv.block_row(r, h, b) + o) * hd;  // key pair o / 2's row
+    if (cs + 16 > len) {
+      std::memcpy(tail, vb, sizeof(tail));
+      for (int64_t i = len - cs; i < 16; ++i) {
+        for (int64_t d = 0; d < hd; ++d) tail[(i / 2 * hd + d) * 2 + i % 2] = at::BFloat16(0.f);
+      }
+      vb = tail;
+    }
+    _tile_loadd(6, pb + (cs - base), stride * 2);
+    _tile_loadd(7, vb, hd * 4);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_loadd(7, vb + 32, hd * 4);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, vb + 64, hd * 4);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(7, vb + 96, hd * 4);
+    _tile_dpbf16ps(3, 6, 7);
+  }
+}
+
+// O in tiles 0-3 (G x 64 float32 sums) times inv[j] per row, rounded to bf16 into out (G, 64)
+template <int G>
+void store_tile_output(const float* inv, at::BFloat16* out) {
+  constexpr int64_t hd = 64;
+  alignas(64) float sums[G][hd];
+  _tile_stored(0, &sums[0][0], hd * 4);
+  _tile_stored(1, &sums[0][16], hd * 4);
+  _tile_stored(2, &sums[0][32], hd * 4);
+  _tile_stored(3, &sums[0][48], hd * 4);
+  for (int j = 0; j < G; ++j) {
+    const __m512 f = _mm512_set1_ps(inv[j]);
+    for (int c = 0; c < hd; c += 16) {
+      const __m512 x = _mm512_mul_ps(_mm512_load_ps(&sums[j][c]), f);
+      modelyard::store_bf16x16(out + j * hd + c, reinterpret_cast<const modelyard::v16&>(x));
+    }
+  }
+}
+
+// decode_dp<G, 2, true>'s contract on a cache in the tile layout (q (D, nh, 64) bf16, rows q_row
+// apart -> (D, nh, 64) bf16, contiguous)
+template <int G>
+at::Tensor decode_tiles(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                        int64_t window) {
+  using bf16 = at::BFloat16;
+  constexpr int64_t hd = 64;
+  const PagedKV<bf16> kv(k_cache, v_cache, block_tables, seq_lens, window);
+  const int64_t d = q.size(0), nh = q.size(1), nkv = kv.nkv;
+  auto out = at::empty({d, nh, hd}, q.options());
+  const bf16* qp = q.data_ptr<bf16>();
+  const int64_t q_row = q.stride(0);
+  bf16* op = out.data_ptr<bf16>();
+  const float fscale = static_cast<float>(scale);
+  modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
+    thread_local std::vector<float> scores;  // G rows from chunk `base` on, stride apart
+    thread_local std::vector<bf16> probs;    // the same as SDPA's P, zero outside the keys
+    if (opening) {
+      configure_layout_tiles<G>();
+      kv.prefetch_item(item);
+    }
+    if (following < d * nkv) kv.prefetch_item(following);
+    const int64_t r = item / nkv, h = item % nkv;
+    const auto [first, len] = kv.key_range(r);
+    const int64_t base = first / 16 * 16, stride = (len + 15) / 16 * 16 - base;
+    scores.resize(static_cast<size_t>(G * stride));
+    probs.assign(static_cast<size_t>(G * stride), bf16(0.f));
+    const bf16* const qh = qp + r * q_row + h * G * hd;
+    _tile_loadd(2, qh, hd * 2);
+    _tile_loadd(3, qh + 32, hd * 2);
+    tile_scores<G>(kv, r, h, base, scores.data(), stride);
+    float inv[G];
+    for (int j = 0; j < G; ++j) {
+      const int64_t row = j * stride + first - base;
+      inv[j] = exp_probs_scaled(scores.data() + row, len - first, fscale, probs.data() + row);
+    }
+    tile_values<G>(kv, r, h, base, probs.data(), stride);
+    store_tile_output<G>(inv, op + (r * nh + h * G) * hd);
+    if (following >= d * nkv) _tile_release();  // this thread's last item
+  });
+  return out;
+}
 #endif
 
 // acc[j][c] += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, 32 C):
@@ -614,6 +792,21 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   return out;
 }
 
+#if defined(MODELYARD_AMX_SCORES)
+// decode_tiles for 1-4 query heads per KV head, else an undefined tensor
+at::Tensor try_decode_tiles(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& seq_lens, double scale, int64_t window) {
+  switch (q.size(1) / k_cache.size(0)) {
+    case 1: return decode_tiles<1>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+    case 2: return decode_tiles<2>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+    case 3: return decode_tiles<3>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+    case 4: return decode_tiles<4>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+    default: return at::Tensor();
+  }
+}
+#endif
+
 // decode_dp where it is instantiated for the shapes (1-4 query heads per KV head, head size 64
 // or 128), else an undefined tensor
 at::Tensor try_decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -652,7 +845,8 @@ namespace modelyard::ops {
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& seq_lens, double scale, int64_t window) {
+                                  const at::Tensor& seq_lens, double scale, int64_t window,
+                                  int64_t layout) {
   const auto type = k_cache.scalar_type();
   TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && q.scalar_type() == type &&
                   v_cache.scalar_type() == type,
@@ -675,6 +869,18 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       const int64_t block = tables[r * nb_max + b];
       TORCH_CHECK(block >= 0 && block < nblocks, "paged_decode_attention: bad block id");
     }
+  }
+  TORCH_CHECK(layout == 0 || layout == 1, "paged_decode_attention: layout 0 (plain) or 1 (tiles)");
+  if (layout == 1) {
+    at::Tensor out;
+#if defined(MODELYARD_AMX_SCORES)
+    if (type == at::kBFloat16 && hd == 64 && bs % 16 == 0 && amx_ready()) {
+      out = try_decode_tiles(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+    }
+#endif
+    TORCH_CHECK(out.defined(), "paged_decode_attention: the tile layout needs bfloat16, head size "
+                "64, a block size that is a multiple of 16, 1-4 query heads per KV head and AMX");
+    return out;
   }
   if (type == at::kFloat) {
     return decode<float>(q, k_cache, v_cache, block_tables, seq_lens, scale, window);

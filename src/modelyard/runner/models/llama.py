@@ -118,6 +118,12 @@ class LlamaModel:
         # fused ops
         native_dtype = dtype in (torch.float32, torch.bfloat16)
         self.fused = native_dtype and kernels.load() and self.head_dim % 2 == 0
+        group = self.num_heads // self.num_kv_heads
+        self.kv_layout = (
+            kernels.kv_layout(dtype, self.head_dim, block_size, group)
+            if self.fused
+            else kernels.KV_PLAIN
+        )  # the caches' layout inside each block: only the fused path's kernels read tiles
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
@@ -186,12 +192,12 @@ class LlamaModel:
             qkv = w.qkv(h)  # (T, (nh + 2 nkv) hd)
             kernels.rope_store(
                 qkv, self.cos, self.signed_sin, meta.positions, k_cache, v_cache,
-                meta.slot_mapping, nh,
+                meta.slot_mapping, nh, self.kv_layout,
             )  # fmt: skip
             q = qkv[:, : nh * hd].view(t, nh, hd)
             k = qkv[:, nh * hd : (nh + nkv) * hd].view(t, nkv, hd)
             v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kv_layout)
             h = kernels.add_rms_norm(x, w.o(attn.view(t, nh * hd)), w.post_norm, self.eps)
             mlp = w.down(w.mlp_in(h))
             if i + 1 < len(self.layers):
