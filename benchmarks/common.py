@@ -182,6 +182,10 @@ def machine_info() -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cpu_flags": [f for f in _ISA_FLAGS if f in flags],
         **cpu_identity(),
+        # the runner's switches this run was started with (runner.kernel_config)
+        "modelyard_env": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith("MODELYARD_")
+        },
         "python": platform.python_version(),
         "torch": torch.__version__,
         "modelyard_commit": commit,
