@@ -55,7 +55,8 @@ def test_tile_layout_attention_matches_the_plain_layout(
     tiles = kernels.paged_decode_attention(
         q, *to_tiles(k, v), tables, seq_lens, scale, window, kernels.KV_TILES
     )
-    assert tiles.dtype == torch.bfloat16 and tiles.is_contiguous()
+    assert tiles.dtype == torch.bfloat16
+    assert tiles.is_contiguous()
     torch.testing.assert_close(tiles.float(), plain.float(), atol=2**-8, rtol=2**-7)
     assert (tiles == plain).float().mean() > 0.9
     counts = [(n + bs - 1) // bs for n in lens]
