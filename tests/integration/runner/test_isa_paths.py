@@ -47,6 +47,20 @@ PROBE = (
 )
 
 
+def run_pytest(
+    tests: list[str], env: dict[str, str], *, timeout: int
+) -> subprocess.CompletedProcess[str]:
+    """pytest on `tests` in a child with `env` (stopping at the first failure)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def forced_env(kind: str) -> dict[str, str]:
     return {**os.environ, "MODELYARD_ISA": kind, **TORCH_CAPS[kind]}
 
@@ -70,14 +84,7 @@ def test_kernels_pass_their_tests_on_a_forced_lower_path(kind: str) -> None:
         assert state["bf16_gemm"] is None
     else:  # oneDNN without AMX sums in the AVX-512 BF16 kernel's order: it must run
         assert state["bf16_gemm"] == "avx512"
-    tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TESTS[kind]],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2300,
-    )
+    tests = run_pytest(TESTS[kind], env, timeout=2300)
     assert tests.returncode == 0, tests.stdout[-4000:]
 
 
@@ -94,13 +101,6 @@ def test_amx_host_also_passes_with_the_plain_kv_layout() -> None:
         f"{ACCEPTANCE}::test_bfloat16_batch_smoke",
         "tests/integration/runner/test_smollm2.py",
     ]
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=850,
-    )
+    run = run_pytest(tests, env, timeout=850)
     assert run.returncode == 0, run.stdout[-4000:]
     assert " passed" in run.stdout

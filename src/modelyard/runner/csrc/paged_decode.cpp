@@ -26,6 +26,7 @@ using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -313,17 +314,21 @@ inline __mmask16 head_mask(int64_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
-// scores s (n) -> exp(s - max) rounded to bf16 (SDPA's P) in pb; returns 1 / the float32 sum
-inline float exp_probs(const float* s, int64_t n, at::BFloat16* pb) {
+// scores s (n) times scale -> exp(s scale - max) rounded to bf16 (SDPA's P) in pb; returns
+// 1 / the float32 sum (scale 1 for scores already scaled: a multiply by 1 changes no bits)
+inline float exp_probs(const float* s, int64_t n, at::BFloat16* pb, float scale = 1.f) {
+  const __m512 f = _mm512_set1_ps(scale);
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < n; i += 16) {
-    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, head_mask(n - i), s + i));
+    const __mmask16 lanes = head_mask(n - i);
+    m = _mm512_mask_max_ps(m, lanes, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + i), f));
   }
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(m));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = head_mask(n - i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), top));
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + i), f);
+    const __m512 e = exp16(_mm512_sub_ps(x, top));
     sum = _mm512_mask_add_ps(sum, lanes, sum, e);
     const modelyard::v16 ev = reinterpret_cast<const modelyard::v16&>(e);  // rounded as SDPA's P
     const modelyard::u32x16 rounded = modelyard::round_bf16x16_bits(ev) >> 16;
@@ -393,15 +398,21 @@ inline void dp_scores(const __m512bh* q, const at::BFloat16* k, int64_t n, float
 // of dp_scores (kernel_ab, three block layouts).
 #define MODELYARD_AMX_SCORES 1
 
-// tiles 0-1: C of chunks a, b; 2-3: K of a; 4-5: K of b; 6-7: Q^T; 16 rows of 64 bytes each
-inline void configure_score_tiles() {
+// palette 1 with tiles 0-7 of these rows and bytes per row
+inline void configure_tiles(const std::array<uint8_t, 8>& rows,
+                            const std::array<uint16_t, 8>& colsb) {
   struct alignas(64) {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
     uint8_t rows[16] = {};
   } cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  for (size_t t = 0; t < 8; ++t) cfg.colsb[t] = colsb[t], cfg.rows[t] = rows[t];
   _tile_loadconfig(&cfg);
+}
+
+// tiles 0-1: C of chunks a, b; 2-3: K of a; 4-5: K of b; 6-7: Q^T; 16 rows of 64 bytes each
+inline void configure_score_tiles() {
+  configure_tiles({16, 16, 16, 16, 16, 16, 16, 16}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
 // The B operand of the score tiles: qt[c][k][j] holds query row j's values 32 c + 2 k and
@@ -483,29 +494,6 @@ void amx_item_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h, floa
   }
 }
 
-// exp_probs on unscaled scores: exp(s * scale - max) rounded to bf16 into pb; 1 / the sum
-inline float exp_probs_scaled(const float* s, int64_t n, float scale, at::BFloat16* pb) {
-  const __m512 f = _mm512_set1_ps(scale);
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = head_mask(n - i);
-    m = _mm512_mask_max_ps(m, lanes, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + i), f));
-  }
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(m));
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = head_mask(n - i);
-    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + i), f);
-    const __m512 e = exp16(_mm512_sub_ps(x, top));
-    sum = _mm512_mask_add_ps(sum, lanes, sum, e);
-    const modelyard::v16 ev = reinterpret_cast<const modelyard::v16&>(e);
-    const modelyard::u32x16 rounded = modelyard::round_bf16x16_bits(ev) >> 16;
-    _mm256_mask_storeu_epi16(pb + i, lanes,
-                             _mm512_cvtepi32_epi16(reinterpret_cast<const __m512i&>(rounded)));
-  }
-  return 1.f / _mm512_reduce_add_ps(sum);
-}
-
 // Decode attention on a cache in the tile layout (kv layout 1, written so by rope_store: within
 // a block, K as (hd / 2, bs, 2) and V as (bs / 2, hd, 2)), head size 64, block size a multiple
 // of 16, on AMX hosts. Both products run on tiles with the G query rows as the A operand, so no
@@ -520,16 +508,7 @@ inline float exp_probs_scaled(const float* s, int64_t n, float scale, at::BFloat
 // other two), 4-5 K^T of one chunk, 6 P, 7 V.
 template <int G>
 inline void configure_layout_tiles() {
-  struct alignas(64) {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } cfg;
-  for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = G;
-  cfg.colsb[4] = cfg.colsb[5] = 64, cfg.rows[4] = cfg.rows[5] = 16;
-  cfg.colsb[6] = 32, cfg.rows[6] = G;
-  cfg.colsb[7] = 64, cfg.rows[7] = 8;
-  _tile_loadconfig(&cfg);
+  configure_tiles({G, G, G, G, 16, 16, G, 8}, {64, 64, 64, 64, 64, 64, 32, 64});
 }
 
 // The scores of item (r, h) against the request's keys from chunk `base` on (a multiple of 16),
@@ -652,7 +631,7 @@ at::Tensor decode_tiles(const at::Tensor& q, const at::Tensor& k_cache, const at
     float inv[G];
     for (int j = 0; j < G; ++j) {
       const int64_t row = j * stride + first - base;
-      inv[j] = exp_probs_scaled(scores.data() + row, len - first, fscale, probs.data() + row);
+      inv[j] = exp_probs(scores.data() + row, len - first, probs.data() + row, fscale);
     }
     tile_values<G>(kv, r, h, base, probs.data(), stride);
     store_tile_output<G>(inv, op + (r * nh + h * G) * hd);
