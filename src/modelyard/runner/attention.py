@@ -20,7 +20,7 @@ compiled kernels the model's fused RoPE op writes them instead). Then:
   but not its summation order: results within its rounding, not its bits.
   `MODELYARD_PREFILL_SDPA=1` keeps SDPA for prefill chunks (their bits then equal
   transformers' for a prompt attended whole). On AMX hosts a bf16 cache takes the tile layout
-  (`kernels.kv_layout`: within each block K and V are stored as the operands of AMX tile
+  (runner.kv_layout: within each block K and V are stored as the operands of AMX tile
   multiplies), which only the kernel reads;
 - otherwise decodes (one new token each) attend together: the torch path gathers their blocks
   request-major with one index_select into scratch buffers allocated once per step and shared
@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from modelyard.runner import kernels
 from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner.kv_layout import KV_PLAIN
 
 # prefill chunks on SDPA even where the kernel could attend them (see the module docstring)
 _PREFILL_SDPA = kernel_config().prefill_sdpa
@@ -226,15 +227,15 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-    layout: int = kernels.KV_PLAIN,
+    layout: int = KV_PLAIN,
 ) -> torch.Tensor:
     """q (T, nh, hd), k/v (T, nkv, hd) new tokens; caches (nkv, NB, bs, hd) -> (T, nh, hd).
 
     The new k/v must already be in the caches (`store_kv`, or the fused `kernels.rope_store`).
-    Caches in the tile layout (`kernels.kv_layout`) are read by the kernel alone.
+    Caches in the tile layout (runner.kv_layout) are read by the kernel alone.
     """
     nkv, hd = k_cache.shape[0], k_cache.shape[3]
-    plain = layout == kernels.KV_PLAIN
+    plain = layout == KV_PLAIN
     if not plain or (native_decode_ready(q.dtype, hd) and (meta.all_decodes or not _PREFILL_SDPA)):
         tables, seq_lens = meta.kernel_rows()
         return kernels.paged_decode_attention(

@@ -15,7 +15,7 @@ is ignored. The other switches:
 - `MODELYARD_DECODE_TEAM=0`: decode steps without the spinning helper thread (csrc/claim.h);
 - `MODELYARD_PREFILL_SDPA=1`: prompt rows attended by SDPA (its bits) instead of the kernel;
 - `MODELYARD_KV_TILES=0`: bf16 KV caches keep the plain layout on AMX hosts too (by default
-  they take the tile layout that decode attention reads as AMX operands: runner.kernels.kv_layout);
+  they take the tile layout that decode attention reads as AMX operands: runner.kv_layout);
 - `MODELYARD_WEIGHTS=int8`: weight-only int8 linear layers (a scale per output row; the
   activations stay float32 / bf16): half of bf16's bytes per decode step, a quarter of float32's,
   at a small cost in quality (runner.linear; tests/integration/runner/test_int8_quality.py);

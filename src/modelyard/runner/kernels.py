@@ -99,23 +99,6 @@ def load() -> bool:
     return True
 
 
-# KV cache layouts (the inner (block_size, head_dim) block of each KV head): KV_PLAIN, one row
-# per key; KV_TILES, K as (hd / 2, bs, 2) and V as (bs / 2, hd, 2), the operands of AMX tile
-# multiplies read in place by decode attention (csrc/paged_decode.cpp, decode_tiles)
-KV_PLAIN, KV_TILES = 0, 1
-
-
-def kv_layout(dtype: torch.dtype, head_dim: int, block_size: int, group: int) -> int:
-    """The layout a model's KV cache takes here: KV_TILES for bfloat16, head size 64, blocks a
-    multiple of 16 and 1-4 query heads per KV head (`group`) where AMX tiles run and neither
-    `MODELYARD_KV_TILES=0` nor `MODELYARD_PREFILL_SDPA=1` (SDPA reads plain rows) is set; else
-    KV_PLAIN. Only the kernels read or write a cache in the tile layout."""
-    config = kernel_config()
-    shapes = dtype == torch.bfloat16 and head_dim == 64 and block_size % 16 == 0
-    wanted = config.kv_tiles and not config.prefill_sdpa and shapes and 1 <= group <= 4
-    return KV_TILES if wanted and amx_ready() else KV_PLAIN
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -124,10 +107,11 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None,
-    layout: int = KV_PLAIN,
+    layout: int = 0,
 ) -> torch.Tensor:
     """q (D, nh, hd) float32 or bfloat16 (heads contiguous, rows any stride apart: a view of the
-    fused qkv rows will do); caches (nkv, NB, bs, hd) of q's dtype in `layout`; block_tables
+    fused qkv rows will do); caches (nkv, NB, bs, hd) of q's dtype in `layout` (runner.kv_layout:
+    0 plain, 1 tiles); block_tables
     (D, nb_max) long; seq_lens (D,) long keys per request -> (D, nh, hd) of q's dtype,
     contiguous. Call only after `load()` is True."""
     out: torch.Tensor = torch.ops.modelyard_kernels.paged_decode_attention(
@@ -209,11 +193,11 @@ def rope_store(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
     num_heads: int,
-    layout: int = KV_PLAIN,
+    layout: int = 0,
 ) -> None:
     """Rotate the q and k heads of qkv (T, (nh + 2 nkv) hd) in place with the (P, hd) tables
-    at `positions`, then write the k and v heads into the caches (nkv, NB, bs, hd), in `layout`,
-    at `slots` (flat slot = block * bs + offset)."""
+    at `positions`, then write the k and v heads into the caches (nkv, NB, bs, hd), in `layout`
+    (runner.kv_layout), at `slots` (flat slot = block * bs + offset)."""
     torch.ops.modelyard_kernels.rope_store(
         qkv, cos, signed_sin, positions, k_cache, v_cache, slots, num_heads, layout
     )

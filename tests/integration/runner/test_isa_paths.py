@@ -90,7 +90,7 @@ def test_kernels_pass_their_tests_on_a_forced_lower_path(kind: str) -> None:
 
 @pytest.mark.timeout(900)
 def test_amx_host_also_passes_with_the_plain_kv_layout() -> None:
-    """On AMX hosts a bf16 KV cache takes the tile layout by default (runner.kernels.kv_layout);
+    """On AMX hosts a bf16 KV cache takes the tile layout by default (runner.kv_layout);
     MODELYARD_KV_TILES=0 keeps the plain one, which AVX-512 BF16 hosts run: the attention tests
     and the real model's bf16 acceptance pass with it here too."""
     if host_kind() != "amx":

@@ -1,4 +1,4 @@
-"""The tile layout of a bf16 KV cache on AMX hosts (runner.kernels.kv_layout): rope_store writes
+"""The tile layout of a bf16 KV cache on AMX hosts (runner.kv_layout): rope_store writes
 it, decode attention reads it (csrc/paged_decode.cpp, decode_tiles), and the result is the
 plain layout's attention to a bf16 rounding. Skipped where AMX tiles do not run."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelyard.runner import kernels
+from modelyard.runner import kernels, kv_layout
 from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.models import llama
 
@@ -53,7 +53,7 @@ def test_tile_layout_attention_matches_the_plain_layout(
     seq_lens, scale = torch.tensor(lens), hd**-0.5
     plain = kernels.paged_decode_attention(q, k, v, tables, seq_lens, scale, window)
     tiles = kernels.paged_decode_attention(
-        q, *to_tiles(k, v), tables, seq_lens, scale, window, kernels.KV_TILES
+        q, *to_tiles(k, v), tables, seq_lens, scale, window, kv_layout.KV_TILES
     )
     assert tiles.dtype == torch.bfloat16
     assert tiles.is_contiguous()
@@ -88,7 +88,7 @@ def test_tile_layout_ignores_whatever_stale_slots_hold() -> None:
         flat_v[:, n:] = float("nan")
         stale_v[:, tables[r]] = flat_v.view(nkv, nb, bs, hd)
     q = torch.randn(len(lens), nkv * group, hd).bfloat16()
-    args = (torch.tensor(lens), 0.125, None, kernels.KV_TILES)
+    args = (torch.tensor(lens), 0.125, None, kv_layout.KV_TILES)
     clean = kernels.paged_decode_attention(q, *to_tiles(k, v), tables, *args)
     stale = kernels.paged_decode_attention(q, *to_tiles(stale_k, stale_v), tables, *args)
     assert not stale.isnan().any()
@@ -108,7 +108,7 @@ def test_rope_store_writes_the_tile_layout() -> None:
     tiles = [torch.zeros(shape, dtype=torch.bfloat16) for _ in range(2)]
     rows = qkv.clone()
     kernels.rope_store(rows, cos, sin, positions, *plain, slots, nh)
-    kernels.rope_store(qkv, cos, sin, positions, *tiles, slots, nh, kernels.KV_TILES)
+    kernels.rope_store(qkv, cos, sin, positions, *tiles, slots, nh, kv_layout.KV_TILES)
     assert torch.equal(rows, qkv)  # the same rotation in place
     expected = to_tiles(*plain)
     assert torch.equal(tiles[0], expected[0])
@@ -119,23 +119,23 @@ def test_the_tile_layout_refuses_shapes_it_has_no_kernel_for() -> None:
     q, k = torch.randn(1, 3, 128).bfloat16(), torch.randn(1, 2, 16, 128).bfloat16()
     tables, lens = torch.tensor([[1]]), torch.tensor([4])
     with pytest.raises(RuntimeError, match="tile layout needs"):
-        kernels.paged_decode_attention(q, k, k, tables, lens, 0.1, None, kernels.KV_TILES)
+        kernels.paged_decode_attention(q, k, k, tables, lens, 0.1, None, kv_layout.KV_TILES)
     q, k = torch.randn(1, 3, 64), torch.randn(1, 2, 16, 64)
     with pytest.raises(RuntimeError, match="tile layout needs"):
-        kernels.paged_decode_attention(q, k, k, tables, lens, 0.1, None, kernels.KV_TILES)
+        kernels.paged_decode_attention(q, k, k, tables, lens, 0.1, None, kv_layout.KV_TILES)
 
 
 @pytest.mark.parametrize(
     ("env", "dtype", "head_dim", "block_size", "group", "expected"),
     [
-        ({}, torch.bfloat16, 64, 16, 3, kernels.KV_TILES),
-        ({}, torch.bfloat16, 64, 32, 1, kernels.KV_TILES),
-        ({"MODELYARD_KV_TILES": "0"}, torch.bfloat16, 64, 16, 3, kernels.KV_PLAIN),
-        ({"MODELYARD_PREFILL_SDPA": "1"}, torch.bfloat16, 64, 16, 3, kernels.KV_PLAIN),
-        ({}, torch.float32, 64, 16, 3, kernels.KV_PLAIN),
-        ({}, torch.bfloat16, 128, 16, 3, kernels.KV_PLAIN),
-        ({}, torch.bfloat16, 64, 8, 3, kernels.KV_PLAIN),
-        ({}, torch.bfloat16, 64, 16, 5, kernels.KV_PLAIN),
+        ({}, torch.bfloat16, 64, 16, 3, kv_layout.KV_TILES),
+        ({}, torch.bfloat16, 64, 32, 1, kv_layout.KV_TILES),
+        ({"MODELYARD_KV_TILES": "0"}, torch.bfloat16, 64, 16, 3, kv_layout.KV_PLAIN),
+        ({"MODELYARD_PREFILL_SDPA": "1"}, torch.bfloat16, 64, 16, 3, kv_layout.KV_PLAIN),
+        ({}, torch.float32, 64, 16, 3, kv_layout.KV_PLAIN),
+        ({}, torch.bfloat16, 128, 16, 3, kv_layout.KV_PLAIN),
+        ({}, torch.bfloat16, 64, 8, 3, kv_layout.KV_PLAIN),
+        ({}, torch.bfloat16, 64, 16, 5, kv_layout.KV_PLAIN),
     ],
 )
 def test_kv_layout_takes_tiles_only_where_the_kernel_reads_them(
@@ -148,8 +148,8 @@ def test_kv_layout_takes_tiles_only_where_the_kernel_reads_them(
     expected: int,
 ) -> None:
     config = KernelConfig.from_env(env)
-    monkeypatch.setattr(kernels, "kernel_config", lambda: config)
-    assert kernels.kv_layout(dtype, head_dim, block_size, group) == expected
+    monkeypatch.setattr(kv_layout, "kernel_config", lambda: config)
+    assert kv_layout.kv_layout(dtype, head_dim, block_size, group) == expected
 
 
 def test_kv_tiles_switch_rejects_other_values() -> None:

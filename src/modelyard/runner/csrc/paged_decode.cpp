@@ -12,7 +12,7 @@
 // bf16 for the sum over values (float32 accumulators), one multiply by 1 / sum, and the output
 // rounded to bf16. On AVX-512 BF16 hosts the common shapes skip the widening: see decode_dp;
 // on AMX hosts its scores run on tiles (amx_item_scores), and a cache in the tile layout
-// (runner.kernels.kv_layout) has both products on tiles (decode_tiles).
+// (runner.kv_layout) has both products on tiles (decode_tiles).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 

@@ -27,6 +27,7 @@ from modelyard.engine.config import LoRAConfig
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, concat
+from modelyard.runner.kv_layout import KV_PLAIN, kv_layout
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
 from modelyard.runner.lora import BaseShapes, LoRAManager
 from modelyard.runner.lora_hooks import LoRAGatedMLP, LoRAProjection
@@ -120,9 +121,7 @@ class LlamaModel:
         self.fused = native_dtype and kernels.load() and self.head_dim % 2 == 0
         group = self.num_heads // self.num_kv_heads
         self.kv_layout = (
-            kernels.kv_layout(dtype, self.head_dim, block_size, group)
-            if self.fused
-            else kernels.KV_PLAIN
+            kv_layout(dtype, self.head_dim, block_size, group) if self.fused else KV_PLAIN
         )  # the caches' layout inside each block: only the fused path's kernels read tiles
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
