@@ -106,3 +106,22 @@ def test_amx_gemm_refuses_bad_inputs() -> None:
     odd = torch.randn(64, 40).bfloat16()
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernels.packed_linear_amx(torch.randn(3, 40).bfloat16(), kernels.pack_bf16(odd), 64)
+
+
+def test_amx_epilogues_written_during_the_next_unit_stay_per_call() -> None:
+    """Up to 32 rows each unit's epilogue is written during the thread's next unit and the last
+    one before the call returns: alternating linear and SwiGLU calls of other shapes, with and
+    without the helper thread, each give the torch ops' bits."""
+    torch.manual_seed(8)
+    weight = (torch.randn(200, 576) * 0.05).bfloat16()
+    gate, up = ((torch.randn(96, 576) * 0.05).bfloat16() for _ in range(2))
+    packed, both = kernels.pack_bf16(weight), kernels.pack_swiglu_bf16(gate, up)
+    for team in (False, True):
+        with kernels.team(team):
+            for rows in (32, 5, 1, 32, 17):
+                x = torch.randn(rows, 576).bfloat16()
+                linear = kernels.packed_linear_amx(x, packed, 200)
+                swiglu = kernels.packed_swiglu_amx(x, both, 96)
+                torch.testing.assert_close(linear, F.linear(x, weight), rtol=0, atol=0)
+                expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
+                torch.testing.assert_close(swiglu, expected, rtol=0, atol=0)

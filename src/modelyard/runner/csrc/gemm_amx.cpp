@@ -12,7 +12,8 @@
 // Per 32 k it loads an A tile of up to 16 rows of x for each 16 rows, the two B tiles, and
 // accumulates four 16 x 16 float32 C tiles; rows past 32 run as further row blocks over the same
 // panels (then in cache). Up to 32 rows a thread configures the tiles once per call and releases
-// them after its last unit (per unit cost ~4 %).
+// them after its last unit (per unit cost ~4 %), and writes each unit's epilogue (the sums
+// rounded to bf16, or SwiGLU's activation) a few rows per 32 k of its next unit (Pending).
 //
 // The sum over K runs in one float32 accumulator per output in AMX's own order (pairs of k
 // within a tile, tiles in order of k): not oneDNN's order, so results differ from F.linear in
@@ -72,35 +73,68 @@ void configure(int r0, int r1) {
   _tile_loadconfig(&cfg);
 }
 
-// C tiles (float32 sums, 16 x 16 each, row stride 64 bytes) -> y: plain bf16, or with SWIGLU
-// silu(gate) * up of C tiles gate = 2h, up = 2h + 1 (16 columns)
+// Row q (< r0 + r1) of C tiles c (float32 sums, 16 x 16 each; rows of the second 16-row block,
+// tiles 2-3, from q = r0) -> y: plain bf16, or with SWIGLU silu(gate) * up of C tiles
+// gate = 2h, up = 2h + 1 (16 columns)
 template <bool SWIGLU>
-void epilogue(const float (*c)[16][16], int r0, int r1, at::BFloat16* y, int64_t ldy,
-              int64_t ncols) {
-  for (int h = 0; h < 2; ++h) {
-    const int rows = h == 0 ? r0 : r1;
-    for (int i = 0; i < rows; ++i) {
-      at::BFloat16* out = y + (h * 16 + i) * ldy;
-      if constexpr (SWIGLU) {
-        modelyard::swiglu_out(_mm512_load_ps(c[2 * h][i]), _mm512_load_ps(c[2 * h + 1][i]), out,
-                              ncols);
-        continue;
-      }
-      for (int p = 0; p < 2 && p * kCols < ncols; ++p) {
-        modelyard::store_sums(out + p * kCols, _mm512_load_ps(c[2 * h + p][i]),
-                              std::min(kCols, ncols - p * kCols));
-      }
+inline void epilogue_row(const float (*c)[16][16], int r0, int q, at::BFloat16* y, int64_t ldy,
+                         int64_t ncols) {
+  const int h = q < r0 ? 0 : 1, i = h == 0 ? q : q - r0;
+  at::BFloat16* out = y + (h * 16 + i) * ldy;
+  if constexpr (SWIGLU) {
+    modelyard::swiglu_out(_mm512_load_ps(c[2 * h][i]), _mm512_load_ps(c[2 * h + 1][i]), out,
+                          ncols);
+  } else {
+    for (int p = 0; p < 2 && p * kCols < ncols; ++p) {
+      modelyard::store_sums(out + p * kCols, _mm512_load_ps(c[2 * h + p][i]),
+                            std::min(kCols, ncols - p * kCols));
     }
   }
 }
 
+// A row block's C tiles, stored, and the rows of its epilogue still to write. Up to 32 rows the
+// epilogue of a unit is written a few rows per 32 k while the thread's next unit streams its
+// weights: written at once, the conversions and stores left the weight stream idle (a pass over
+// a decode step's weights at 32 rows took 1.1x the time, at one row 1.03x).
+struct Pending {
+  alignas(64) float c[4][16][16];
+  at::BFloat16* y = nullptr;  // nullptr: nothing to write
+  int64_t ldy = 0, ncols = 0;
+  int r0 = 0, rows = 0, done = 0;
+  bool swiglu = false;
+
+  void store(bool two, bool lower) {
+    _tile_stored(0, c[0], 64);
+    if (two) _tile_stored(1, c[1], 64);
+    if (lower) {
+      _tile_stored(2, c[2], 64);
+      if (two) _tile_stored(3, c[3], 64);
+    }
+  }
+
+  // write the epilogue's rows up to `upto` (of rows)
+  void until(int upto) {
+    if (y == nullptr) return;
+    for (; done < std::min(upto, rows); ++done) {
+      if (swiglu) {
+        epilogue_row<true>(c, r0, done, y, ldy, ncols);
+      } else {
+        epilogue_row<false>(c, r0, done, y, ldy, ncols);
+      }
+    }
+    if (done >= rows) y = nullptr;
+  }
+};
+
 // one row block (r0 + r1 <= 32 rows of x at x, ldx elements apart) times two panels a, b
 // (b unused unless TWO) into the C tiles; with `stream` (the first row block) it prefetches the
 // weight stream ahead: the panels' own lines, then those of next (the thread's next unit's first
-// panel, its second right after; nullptr: none)
+// panel, its second right after; nullptr: none); `pending` (or nullptr): an earlier unit's
+// epilogue, written in even shares over the steps of k
 template <bool TWO, bool LOWER>
 void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* a, const at::BFloat16* b,
-           int64_t pairs, bool stream, const char* next) {
+           int64_t pairs, bool stream, const char* next, Pending* pending) {
+  const int64_t steps = pairs / (kTileK / 2);
   _tile_zero(0);
   if (TWO) _tile_zero(1);
   if (LOWER) {
@@ -135,6 +169,10 @@ void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* a, const at::
     _tile_loadd(6, a + j * 2 * kCols, 64);
     if (TWO) _tile_loadd(7, b + j * 2 * kCols, 64);
     _tile_loadd(4, x + 2 * j, stride);
+    if (pending != nullptr) {
+      const int64_t step = j / (kTileK / 2) + 1;
+      pending->until(static_cast<int>((step * pending->rows + steps - 1) / steps));
+    }
     _tile_dpbf16ps(0, 4, 6);
     if (TWO) _tile_dpbf16ps(1, 4, 7);
     if (LOWER) {
@@ -163,24 +201,30 @@ void gemm(const at::Tensor& x, const at::Tensor& packed, at::Tensor& y) {
                            ? reinterpret_cast<const char*>(wp + 2 * following * panel_elems)
                            : nullptr;
     const int64_t ncols = std::min(unit_cols, n - unit * unit_cols);
-    alignas(64) float c[4][16][16];
+    thread_local Pending pending[2];  // per thread: this unit's row block and the previous's
+    thread_local int current = 0;
+    if (opening) pending[0].y = pending[1].y = nullptr;
     for (int64_t i = 0; i < m; i += kBlockM) {
       const int r0 = static_cast<int>(std::min<int64_t>(16, m - i));
       const int r1 = static_cast<int>(std::clamp<int64_t>(m - i - 16, 0, 16));
       if (!one_block || opening) configure(r0, r1);
       const bool stream = i == 0;  // later row blocks find the panels in cache
       const at::BFloat16* xi = xp + i * k;
-      if (two && r1 > 0) block<true, true>(xi, k, a, b, pairs, stream, next);
-      if (two && r1 == 0) block<true, false>(xi, k, a, b, pairs, stream, next);
-      if (!two && r1 > 0) block<false, true>(xi, k, a, b, pairs, stream, next);
-      if (!two && r1 == 0) block<false, false>(xi, k, a, b, pairs, stream, next);
-      _tile_stored(0, c[0], 64);
-      if (two) _tile_stored(1, c[1], 64);
-      if (r1 > 0) {
-        _tile_stored(2, c[2], 64);
-        if (two) _tile_stored(3, c[3], 64);
+      Pending* earlier = one_block ? &pending[current ^ 1] : nullptr;
+      if (two && r1 > 0) block<true, true>(xi, k, a, b, pairs, stream, next, earlier);
+      if (two && r1 == 0) block<true, false>(xi, k, a, b, pairs, stream, next, earlier);
+      if (!two && r1 > 0) block<false, true>(xi, k, a, b, pairs, stream, next, earlier);
+      if (!two && r1 == 0) block<false, false>(xi, k, a, b, pairs, stream, next, earlier);
+      if (earlier != nullptr) earlier->until(kBlockM);
+      Pending& now = pending[current];
+      now.store(two, r1 > 0);
+      now.y = yp + i * n + unit * unit_cols, now.ldy = n, now.ncols = ncols;
+      now.r0 = r0, now.rows = r0 + r1, now.done = 0, now.swiglu = SWIGLU;
+      if (one_block && following < units) {
+        current ^= 1;  // written during the thread's next unit
+      } else {
+        now.until(kBlockM);
       }
-      epilogue<SWIGLU>(c, r0, r1, yp + i * n + unit * unit_cols, n, ncols);
     }
     if (!one_block || following >= units) _tile_release();  // this thread's last unit
   });
