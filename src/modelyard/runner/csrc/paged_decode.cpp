@@ -242,6 +242,45 @@ struct PagedKV {
   }
 };
 
+// What a bf16 decode kernel reads and writes: the caches, the query rows (q, rows q_row apart,
+// heads contiguous) and a new (D, nh, hd) output
+struct Bf16Decode {
+  using bf16 = at::BFloat16;
+  PagedKV<bf16> kv;
+  int64_t d, nh, hd, q_row;
+  at::Tensor out;
+  const bf16* q;
+  bf16* o;
+  float scale;
+
+  Bf16Decode(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale_,
+             int64_t window)
+      : kv(k_cache, v_cache, block_tables, seq_lens, window),
+        d(query.size(0)),
+        nh(query.size(1)),
+        hd(kv.hd),
+        q_row(query.stride(0)),
+        out(at::empty({d, nh, hd}, query.options())),
+        q(query.data_ptr<bf16>()),
+        o(out.data_ptr<bf16>()),
+        scale(static_cast<float>(scale_)) {}
+
+  int64_t items() const { return d * kv.nkv; }
+
+  // the first of the g query rows of item (r, h), and of its output rows
+  const bf16* query_rows(int64_t r, int64_t h, int64_t g) const {
+    return q + r * q_row + h * g * hd;
+  }
+  bf16* output_rows(int64_t r, int64_t h, int64_t g) const { return o + (r * nh + h * g) * hd; }
+
+  // this item's K/V when it is a thread's first, and the next one's, into L2 ahead of use
+  void prefetch(int64_t item, int64_t following, bool opening) const {
+    if (opening) kv.prefetch_item(item);
+    if (following < items()) kv.prefetch_item(following);
+  }
+};
+
 // q (D, nh, hd) float32, rows q.stride(0) apart; caches (nkv, NB, bs, hd) of T; block_tables
 // (D, nb_max) int64; seq_lens (D,) int64 (keys per request, the query being the last); window
 // 0 = none. Returns (D, nh, hd) float32, contiguous.
@@ -604,41 +643,33 @@ at::Tensor decode_tiles(const at::Tensor& q, const at::Tensor& k_cache, const at
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                         int64_t window) {
   using bf16 = at::BFloat16;
-  constexpr int64_t hd = 64;
-  const PagedKV<bf16> kv(k_cache, v_cache, block_tables, seq_lens, window);
-  const int64_t d = q.size(0), nh = q.size(1), nkv = kv.nkv;
-  auto out = at::empty({d, nh, hd}, q.options());
-  const bf16* qp = q.data_ptr<bf16>();
-  const int64_t q_row = q.stride(0);
-  bf16* op = out.data_ptr<bf16>();
-  const float fscale = static_cast<float>(scale);
-  modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
+  const Bf16Decode call(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+  const PagedKV<bf16>& kv = call.kv;
+  const int64_t nkv = kv.nkv;
+  modelyard::for_each_claimed(call.items(), [&](int64_t item, int64_t following, bool opening) {
     thread_local std::vector<float> scores;  // G rows from chunk `base` on, stride apart
     thread_local std::vector<bf16> probs;    // the same as SDPA's P, zero outside the keys
-    if (opening) {
-      configure_layout_tiles<G>();
-      kv.prefetch_item(item);
-    }
-    if (following < d * nkv) kv.prefetch_item(following);
+    if (opening) configure_layout_tiles<G>();
+    call.prefetch(item, following, opening);
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
     const int64_t base = first / 16 * 16, stride = (len + 15) / 16 * 16 - base;
     scores.resize(static_cast<size_t>(G * stride));
     probs.assign(static_cast<size_t>(G * stride), bf16(0.f));
-    const bf16* const qh = qp + r * q_row + h * G * hd;
-    _tile_loadd(2, qh, hd * 2);
-    _tile_loadd(3, qh + 32, hd * 2);
+    const bf16* const qh = call.query_rows(r, h, G);
+    _tile_loadd(2, qh, 64 * 2);
+    _tile_loadd(3, qh + 32, 64 * 2);
     tile_scores<G>(kv, r, h, base, scores.data(), stride);
     float inv[G];
     for (int j = 0; j < G; ++j) {
       const int64_t row = j * stride + first - base;
-      inv[j] = exp_probs(scores.data() + row, len - first, probs.data() + row, fscale);
+      inv[j] = exp_probs(scores.data() + row, len - first, probs.data() + row, call.scale);
     }
     tile_values<G>(kv, r, h, base, probs.data(), stride);
-    store_tile_output<G>(inv, op + (r * nh + h * G) * hd);
-    if (following >= d * nkv) _tile_release();  // this thread's last item
+    store_tile_output<G>(inv, call.output_rows(r, h, G));
+    if (following >= call.items()) _tile_release();  // this thread's last item
   });
-  return out;
+  return call.out;
 }
 #endif
 
@@ -718,18 +749,14 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
                      int64_t window) {
   using bf16 = at::BFloat16;
   constexpr int64_t hd = 32 * C;
-  const PagedKV<bf16> kv(k_cache, v_cache, block_tables, seq_lens, window);
-  const int64_t d = q.size(0), nh = q.size(1), nkv = kv.nkv, bs = kv.bs;
-  auto out = at::empty({d, nh, hd}, q.options());
-  const bf16* qp = q.data_ptr<bf16>();
-  const int64_t q_row = q.stride(0);
-  bf16* op = out.data_ptr<bf16>();
-  const float fscale = static_cast<float>(scale);
-  modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
+  const Bf16Decode call(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
+  const PagedKV<bf16>& kv = call.kv;
+  const int64_t nkv = kv.nkv, bs = kv.bs;
+  const float fscale = call.scale;
+  modelyard::for_each_claimed(call.items(), [&](int64_t item, int64_t following, bool opening) {
     thread_local std::vector<float> scores;  // G rows, stride apart
     thread_local std::vector<bf16> probs;    // the same, exponentiated and rounded
-    if (opening) kv.prefetch_item(item);
-    if (following < d * nkv) kv.prefetch_item(following);
+    call.prefetch(item, following, opening);
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = (len - 1) / bs;
@@ -738,14 +765,14 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     scores.resize(static_cast<size_t>(G * stride + front));
     probs.resize(static_cast<size_t>(G * stride));
     float* const s = scores.data() + front;
-    const bf16* const qh = qp + r * q_row + h * G * hd;
+    const bf16* const qh = call.query_rows(r, h, G);
 #if defined(MODELYARD_AMX_SCORES)
     if constexpr (AMX) {
       if (opening) configure_score_tiles();
       thread_local QueryTiles<G> tiles;
       tiles.load(qh);
       amx_item_scores<G>(kv, r, h, fscale, s, stride);
-      if (following >= d * nkv) _tile_release();  // this thread's last item
+      if (following >= call.items()) _tile_release();  // this thread's last item
     }
 #endif
     if constexpr (!AMX) dp_item_scores<G, C>(kv, r, h, qh, fscale, s, stride);
@@ -762,14 +789,14 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       dp_values<G, C>(probs.data() + (p - first), stride, values, run, acc);
       p += run;
     }
-    bf16* oh = op + (r * nh + h * G) * hd;
+    bf16* oh = call.output_rows(r, h, G);
     for (int j = 0; j < G; ++j) {
       for (int c = 0; c < C; ++c) {
         unscramble(acc[j][c][0], acc[j][c][1], inv[j], oh + j * hd + 32 * c);
       }
     }
   });
-  return out;
+  return call.out;
 }
 
 #if defined(MODELYARD_AMX_SCORES)
