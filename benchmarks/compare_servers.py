@@ -35,6 +35,7 @@ from modelyard.runner.loader import resolve_model
 from modelyard.sources import resolve_source
 
 sys.path.insert(0, str(Path(__file__).parent))
+import emulation
 from common import (
     VLLM_BEST,
     TreeRss,
@@ -199,7 +200,9 @@ def main() -> None:
         "--servers", nargs="+", default=["modelyard", "vllm", "llamacpp", "transformers"]
     )
     parser.add_argument("--out", default=None, help="default results/<host-kind>/compare_servers")
+    emulation.add_argument(parser)
     args = parser.parse_args()
+    emulation.emulate(args.emulate)
     tag = f"compare_servers_{args.dtype}" + (f"_{args.weights}" if args.weights else "")
     out = Path(args.out) if args.out else results_dir() / tag
     out.mkdir(parents=True, exist_ok=True)

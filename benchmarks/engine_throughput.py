@@ -34,13 +34,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import itertools
 
+import emulation
 from common import (
     VLLM_BEST,
     TreeRss,
+    ceiling_gflops,
     latency_summary,
     machine_info,
     make_prompts,
-    matmul_gflops,
     peak_rss_mb,
     peer_env,
     peer_versions,
@@ -200,9 +201,9 @@ def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str
     for concurrency, count in ((1, args.sequential_requests), (32, 64)):
         prompts = make_prompts(tok, count, args.prompt_tokens, f"modelyard-c{concurrency}")
         if concurrency == 32:
-            rates.append(matmul_gflops(dtype))
+            rates.append(ceiling_gflops(dtype))
         results[str(concurrency)] = _drive(core, prompts, concurrency, args.output_tokens)
-    rates.append(matmul_gflops(dtype))
+    rates.append(ceiling_gflops(dtype))
     # the host's matmul rate right before and after the c=32 run, in this process: the ceiling
     # under the conditions that run saw (the separate `ceiling` child samples another moment)
     gflops = sum(rates) / len(rates)
@@ -339,7 +340,7 @@ def worker_main(args: argparse.Namespace) -> None:
         import torch
 
         params = _param_count(folder)
-        gflops = matmul_gflops(args.dtype)
+        gflops = ceiling_gflops(args.dtype)
         result: dict[str, Any] = {
             "matmul_gflops": round(gflops, 1),
             "params": params,
@@ -411,7 +412,9 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="engine_throughput")
+    emulation.add_argument(parser)
     args = parser.parse_args()
+    emulation.emulate(args.emulate)
     if args.worker:
         worker_main(args)
         return

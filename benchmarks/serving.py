@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import emulation
 from common import (
     free_port,
     latency_summary,
@@ -267,7 +268,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], choices=[1, 32])
+    emulation.add_argument(parser)
     args = parser.parse_args()
+    emulation.emulate(args.emulate)
     from transformers import AutoTokenizer
 
     from modelyard.runner.loader import resolve_model

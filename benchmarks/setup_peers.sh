@@ -5,6 +5,8 @@
 #   DIR/llama-noamx-venv  the same built without AMX, on AMX hosts only: the native build's AMX
 #                   int8 path dies with SIGILL on the first request for a Q4_1 / Q8_0 GGUF there
 #                   (the tile state is not requested from the kernel); bf16 GGUFs run on either
+#   DIR/llama-avx2-venv  the same built for AVX2 only, with LLAMA_AVX2=1 on a higher host: the
+#                   llama.cpp of `--emulate avx2` (benchmarks/emulation.py)
 #   DIR/smollm2-135m-bf16.gguf  the packaged SmolLM2's weights in bf16, for llama.cpp
 # Usage: benchmarks/setup_peers.sh [DIR]   (default /work/sidecar). Idempotent.
 # The benchmarks give each peer its own environment (benchmarks/common.py: peer_env): vLLM gets
@@ -32,6 +34,15 @@ if grep -q amx_int8 /proc/cpuinfo && \
   NOAMX="$NOAMX -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON"
   NOAMX="$NOAMX -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
   CMAKE_ARGS="$NOAMX" CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-noamx-venv/bin/pip" install \
+    -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
+fi
+if [ "${LLAMA_AVX2:-0}" = 1 ] && \
+  ! "$DIR/llama-avx2-venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+  "$PYTHON" -m venv "$DIR/llama-avx2-venv"
+  AVX2="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  AVX2="$AVX2 -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF"
+  AVX2="$AVX2 -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  CMAKE_ARGS="$AVX2" CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-avx2-venv/bin/pip" install \
     -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
 fi
 [ -f "$DIR/smollm2-135m-bf16.gguf" ] || \
