@@ -2,8 +2,9 @@
 
 A benchmark run with `--emulate avx512-bf16` (or `avx2`) re-executes itself with
 - modelyard's kernels built and dispatched for that kind (`MODELYARD_ISA`),
-- torch's and oneDNN's own code capped to it (`ATEN_CPU_CAPABILITY`, `ONEDNN_MAX_CPU_ISA`): the
-  matmul ceiling, the prompt GEMMs and vLLM's oneDNN linear layers,
+- torch's, oneDNN's and MKL's own code capped to it (`ATEN_CPU_CAPABILITY`,
+  `ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`): the matmul ceiling, the prompt GEMMs and
+  vLLM's linear layers,
 - vLLM told what such a CPU reports (benchmarks/emulate/sitecustomize.py: `torch.cpu` says no
   AMX, and for `avx2` no AVX-512, so vLLM picks its kernels for that kind),
 - llama.cpp from a build for that kind (`--llamacpp-python` names it; the native build of an
@@ -22,9 +23,18 @@ from pathlib import Path
 
 from modelyard.runner.kernel_config import KINDS, host_kind
 
+# torch's own kernels, oneDNN's (bf16 matmuls, vLLM's linear layers) and MKL's (fp32 matmuls)
 CAPS = {
-    "avx512-bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "ATEN_CPU_CAPABILITY": "avx512"},
-    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "avx512-bf16": {
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+    },
+    "avx2": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
 }
 VARIABLE = "BENCH_EMULATE"  # the kind played, read by benchmarks/emulate/sitecustomize.py
 SITE = Path(__file__).parent / "emulate"

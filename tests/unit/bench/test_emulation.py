@@ -53,6 +53,7 @@ def test_results_and_json_name_the_played_kind(monkeypatch: pytest.MonkeyPatch) 
     assert described["caps"] == {
         "ONEDNN_MAX_CPU_ISA": "AVX2",
         "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
         "MODELYARD_ISA": "avx2",
     }
     assert emulation.peer_extra() == {"PYTHONPATH": str(emulation.SITE)}
