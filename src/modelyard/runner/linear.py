@@ -47,7 +47,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from modelyard.runner import kernels
+from modelyard.runner import bf16_widen, kernels
 from modelyard.runner.kernel_config import kernel_config
 
 Gemm = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -59,7 +59,7 @@ def packing_available(dtype: torch.dtype) -> bool:
     if not kernel_config().packed_linear:
         return False
     if dtype == torch.bfloat16:
-        return _onednn_bf16()
+        return _onednn_bf16() or bf16_widen.available()
     return dtype == torch.float32 and kernels.load()
 
 
@@ -120,6 +120,7 @@ class Linear:
         "_onednn",
         "_packed",
         "_weight",
+        "_widen",
         "out_features",
     )
 
@@ -135,9 +136,14 @@ class Linear:
         self._gemm: tuple[Gemm, int] | None = None  # the runner's bf16 GEMM, up to rows
         self._int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._weight: torch.Tensor | None = weight
+        self._widen: tuple[torch.Tensor, torch.Tensor | None] | None = None
         if pack and int8_weights():
             packed, scale = kernels.pack_int8(weight)
             self._int8 = (packed, scale, None if bias is None else bias.float().contiguous())
+            self._weight = None
+        elif pack and weight.dtype == torch.bfloat16 and bf16_widen.available():
+            bias32 = None if bias is None else bias.float().contiguous()
+            self._widen = (bf16_widen.pack(weight), bias32)
             self._weight = None
         elif pack and weight.dtype == torch.bfloat16:
             self._onednn = _pack_onednn(weight)
@@ -157,6 +163,8 @@ class Linear:
             )
         if self._int8 is not None:
             return self._int8_linear(x)
+        if self._widen is not None:
+            return bf16_widen.linear(x, self._widen[0], self.out_features, self._widen[1])
         if self._bf16 is not None and self._gemm is not None and x.shape[0] <= self._gemm[1]:
             return self._gemm[0](x.contiguous(), self._bf16, self.out_features)
         if self._onednn is not None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelyard.runner import linear
+from modelyard.runner import bf16_widen, linear
 from modelyard.runner.kernel_config import KernelConfig, kernel_config
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
 
@@ -72,6 +72,8 @@ def test_bfloat16_packed_or_not_is_exactly_f_linear(pack: bool, rows: int) -> No
     F.linear runs: identical bits, with and without bias, for SwiGLU too."""
     if pack and not packing_available(torch.bfloat16):
         pytest.skip("no native oneDNN bf16 on this host: bf16 weights stay unpacked")
+    if pack and bf16_widen.available():
+        pytest.skip("bf16 weights widened in registers here: test_bf16_widen.py")
     torch.manual_seed(rows)
     weight, bias = torch.randn(96, 576).bfloat16(), torch.randn(96).bfloat16()
     x = torch.randn(rows, 576).bfloat16()
@@ -192,11 +194,13 @@ def test_bfloat16_gemm_is_exact_where_onednn_runs_avx512_bf16() -> None:
 
 
 def test_bfloat16_packing_follows_the_host() -> None:
-    """Packed exactly where oneDNN runs bf16 natively (AVX-512 BF16 / AMX)."""
+    """Packed where oneDNN runs bf16 natively (AVX-512 BF16 / AMX), and as widened panels
+    where the kernels have no AVX-512 (runner.bf16_widen)."""
     from modelyard.runner import kernels
 
     native = kernels.cpu_has("avx512_bf16") and kernel_config().has("avx512-bf16")
-    assert packing_available(torch.bfloat16) == (native and torch.backends.mkldnn.is_available())
+    onednn = native and torch.backends.mkldnn.is_available()
+    assert packing_available(torch.bfloat16) == (onednn or bf16_widen.available())
 
 
 def test_packing_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,6 +62,8 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   // gemm_int8.cpp
   m.def("packed_linear_int8(Tensor x, Tensor packed, Tensor scale, int n, Tensor? bias) -> Tensor");
   m.impl("packed_linear_int8", c10::DispatchKey::CPU, &packed_linear_int8);
+  m.def("packed_linear_bf16w(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
+  m.impl("packed_linear_bf16w", c10::DispatchKey::CPU, &packed_linear_bf16w);
   // gemm_gguf.cpp
   m.def(
       "packed_linear_gguf(Tensor x, Tensor packed, int kind, int n, Tensor? bias) -> Tensor");

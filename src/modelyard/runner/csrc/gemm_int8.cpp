@@ -1,5 +1,6 @@
 // y = x (W_q * s)^T (+ b) with int8 weights and a float32 scale per output column (weight-only
-// int8, an opt-in of the runner: MODELYARD_WEIGHTS=int8).
+// int8, an opt-in of the runner: MODELYARD_WEIGHTS=int8), and y = x W^T (+ b) with bf16 weights
+// (the bf16 GEMM of hosts without AVX-512 BF16: widened exactly, summed in float32).
 //
 // One request decoding (one row of x) is bound by streaming the weights from memory: int8 halves
 // bf16's bytes and quarters float32's. The weight is packed as the float32 GEMM's panels (16
@@ -13,12 +14,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "claim.h"
 #include "ops.h"
 #include "vec.h"
 
 using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
+using modelyard::load_bf16, modelyard::splat, modelyard::v8;
 
 namespace {
 
@@ -28,14 +32,21 @@ constexpr int64_t kPanelsPerUnit = 4;
 
 typedef float f16v __attribute__((vector_size(64), aligned(4)));
 typedef int8_t i8x16 __attribute__((vector_size(16), aligned(1)));
+typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 inline f16v widen(const int8_t* p) {
   return __builtin_convertvector(*reinterpret_cast<const i8x16*>(p), f16v);
 }
 
-// rows (<= kMR) of x (float32, ldx apart) times one panel (k_len x 16 int8) -> sums (rows x 16)
-template <int MR>
-inline void micro(const float* x, int64_t ldx, const int8_t* panel, int64_t k_len, f16v* sums,
+inline f16v widen(const uint16_t* p) {  // bf16 -> float32: the bits moved up, exact
+  const u32x16 bits = __builtin_convertvector(*reinterpret_cast<const u16x16*>(p), u32x16) << 16;
+  return reinterpret_cast<const f16v&>(bits);
+}
+
+// rows (<= kMR) of x (float32, ldx apart) times one panel (k_len x 16 weights) -> sums (rows x 16)
+template <int MR, typename W>
+inline void micro(const float* x, int64_t ldx, const W* panel, int64_t k_len, f16v* sums,
                   const char* pf, int64_t pf_every) {
   f16v acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = f16v{};
@@ -53,11 +64,62 @@ inline void micro(const float* x, int64_t ldx, const int8_t* panel, int64_t k_le
   for (int i = 0; i < MR; ++i) sums[i] = acc[i];
 }
 
+inline f16v splat16(float v) { return f16v{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+
+// bf16 weights: each k's 16 widened as two 8-float halves with one accumulator pair per row, so
+// an AVX2 build keeps every sum in a register (the 16-float vector type spills them there)
 template <int MR>
-void micro_rows(int rows, const float* x, int64_t ldx, const int8_t* panel, int64_t k_len,
+inline void micro(const float* x, int64_t ldx, const uint16_t* panel, int64_t k_len, f16v* sums,
+                  const char* pf, int64_t pf_every) {
+  v8 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = v8{};
+  int64_t countdown = 1;
+  for (int64_t k = 0; k < k_len; ++k) {
+    if (pf != nullptr && --countdown == 0) {
+      __builtin_prefetch(pf, 0, 2);
+      pf += 64;
+      countdown = pf_every;
+    }
+    const v8 w0 = load_bf16(panel + k * kNR), w1 = load_bf16(panel + k * kNR + 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const v8 xi = splat(x[i * ldx + k]);
+      acc[i][0] += xi * w0;
+      acc[i][1] += xi * w1;
+    }
+  }
+  for (int i = 0; i < MR; ++i) std::memcpy(&sums[i], acc[i], sizeof(acc[i]));
+}
+
+// rows of x per micro-kernel call: int8 8 (16-float sums); bf16 6, whose 12 halves, two weight
+// halves and a broadcast fit AVX2's 16 registers
+template <typename W>
+constexpr int64_t kRows = std::is_same_v<W, uint16_t> ? 6 : kMR;
+
+template <int MR, typename W>
+void micro_rows(int rows, const float* x, int64_t ldx, const W* panel, int64_t k_len,
                 f16v* sums, const char* pf, int64_t pf_every) {
   if (rows == MR) return micro<MR>(x, ldx, panel, k_len, sums, pf, pf_every);
   if constexpr (MR > 1) micro_rows<MR - 1>(rows, x, ldx, panel, k_len, sums, pf, pf_every);
+}
+
+// one row times a unit's four panels at once: four weight streams, each prefetched 2 KiB ahead
+// into L2 (as the float32 GEMM's one-row path: a single stream per thread reads memory slower)
+template <typename W>
+inline void one_row4(const float* x, const W* panel, int64_t pstride, int64_t k_len, f16v* sums) {
+  constexpr int64_t kPerLine = 64 / (kNR * sizeof(W));  // k steps per 64-byte line
+  constexpr int64_t kAheadK = 2048 / (kNR * sizeof(W));
+  f16v acc[kPanelsPerUnit] = {};
+  for (int64_t k = 0; k < k_len; ++k) {
+    if (k % kPerLine == 0) {
+      for (int p = 0; p < kPanelsPerUnit; ++p) {
+        __builtin_prefetch(panel + p * pstride + (k + kAheadK) * kNR, 0, 2);
+      }
+    }
+    const f16v xk = splat16(x[k]);
+    for (int p = 0; p < kPanelsPerUnit; ++p) acc[p] += xk * widen(panel + p * pstride + k * kNR);
+  }
+  for (int p = 0; p < kPanelsPerUnit; ++p) sums[p] = acc[p];
 }
 
 template <typename T>
@@ -65,42 +127,69 @@ void store_row(T* out, const f16v& sum, const float* scale, const float* bias, i
   alignas(64) float row[kNR];
   *reinterpret_cast<f16v*>(row) = sum;
   for (int64_t c = 0; c < cols; ++c) {
-    const float v = row[c] * scale[c] + (bias != nullptr ? bias[c] : 0.f);
+    const float v = (scale != nullptr ? row[c] * scale[c] : row[c]) + (bias ? bias[c] : 0.f);
     out[c] = static_cast<T>(v);  // bf16: c10's round-to-nearest-even
   }
 }
 
-template <typename T>
+template <typename W, typename T>
 void gemm(const float* xp, int64_t m, int64_t k, const at::Tensor& packed, const float* scale,
           const float* bias, T* yp, int64_t n) {
   const int64_t panels = packed.size(0);
-  const int8_t* wp = packed.data_ptr<int8_t>();
+  const W* wp = static_cast<const W*>(packed.data_ptr());
   const int64_t units = (panels + kPanelsPerUnit - 1) / kPanelsPerUnit;
-  const int64_t panel_bytes = k * kNR;
+  const int64_t panel_size = k * kNR, panel_bytes = panel_size * int64_t{sizeof(W)};
   modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
     const int64_t p0 = unit * kPanelsPerUnit, p1 = std::min(panels, p0 + kPanelsPerUnit);
     const char* next = following < units ? reinterpret_cast<const char*>(
-                                               wp + following * kPanelsPerUnit * panel_bytes)
+                                               wp + following * kPanelsPerUnit * panel_size)
                                          : nullptr;
     const int64_t next_lines = kPanelsPerUnit * panel_bytes / 64;
+    if (m == 1 && p1 - p0 == kPanelsPerUnit) {
+      f16v sums[kPanelsPerUnit];
+      one_row4(xp, wp + p0 * panel_size, panel_size, k, sums);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t col = p * kNR;
+        store_row(yp + col, sums[p - p0], scale ? scale + col : nullptr,
+                  bias ? bias + col : nullptr, std::min(kNR, n - col));
+      }
+      return;
+    }
     for (int64_t p = p0; p < p1; ++p) {
-      const int8_t* panel = wp + p * panel_bytes;
+      const W* panel = wp + p * panel_size;
       const int64_t col = p * kNR, cols = std::min(kNR, n - col);
       // this panel's share of the next unit's lines, one every few k of the first row block
       const int64_t share = next_lines / kPanelsPerUnit;
       const char* pf = next != nullptr ? next + (p - p0) * share * 64 : nullptr;
       const int64_t every = std::max<int64_t>(1, k / std::max<int64_t>(1, share));
-      for (int64_t i = 0; i < m; i += kMR) {
-        const int rows = static_cast<int>(std::min(kMR, m - i));
+      for (int64_t i = 0; i < m; i += kRows<W>) {
+        const int rows = static_cast<int>(std::min(kRows<W>, m - i));
         f16v sums[kMR];
-        micro_rows<kMR>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr, every);
+        micro_rows<kRows<W>, W>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr,
+                                every);
         for (int r = 0; r < rows; ++r) {
-          store_row(yp + (i + r) * n + col, sums[r], scale + col, bias ? bias + col : nullptr,
-                    cols);
+          store_row(yp + (i + r) * n + col, sums[r], scale ? scale + col : nullptr,
+                    bias ? bias + col : nullptr, cols);
         }
       }
     }
   });
+}
+
+// x float32 or bfloat16, widened once; y of x's dtype
+template <typename W>
+at::Tensor run(const at::Tensor& x, const at::Tensor& packed, const float* scale,
+               const float* bias, int64_t n) {
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  auto y = at::empty({x.size(0), n}, x.options());
+  if (x.size(0) == 0) return y;
+  const float* xp = xf.data_ptr<float>();
+  if (x.scalar_type() == at::kFloat) {
+    gemm<W>(xp, x.size(0), x.size(1), packed, scale, bias, y.data_ptr<float>(), n);
+  } else {
+    gemm<W>(xp, x.size(0), x.size(1), packed, scale, bias, y.data_ptr<at::BFloat16>(), n);
+  }
+  return y;
 }
 
 }  // namespace
@@ -128,17 +217,27 @@ at::Tensor packed_linear_int8(const at::Tensor& x, const at::Tensor& packed,
                 "packed_linear_int8: float32 bias (N,)");
     bp = bias->data_ptr<float>();
   }
-  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
-  auto y = at::empty({x.size(0), n}, x.options());
-  if (x.size(0) == 0) return y;
-  const float* sp = scale.data_ptr<float>();
-  if (x.scalar_type() == at::kFloat) {
-    gemm(xf.data_ptr<float>(), x.size(0), x.size(1), packed, sp, bp, y.data_ptr<float>(), n);
-  } else {
-    gemm(xf.data_ptr<float>(), x.size(0), x.size(1), packed, sp, bp, y.data_ptr<at::BFloat16>(),
-         n);
+  return run<int8_t>(x, packed, scale.data_ptr<float>(), bp, n);
+}
+
+// x (M, K) bfloat16; packed (ceil(N / 16), K, 16) bfloat16; bias (N,) float32 or undefined ->
+// (M, N) bfloat16
+at::Tensor packed_linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                               const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "packed_linear_bf16w: contiguous bfloat16 (M, K) input");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 3 &&
+                  packed.is_contiguous() && packed.size(2) == kNR && packed.size(1) == x.size(1),
+              "packed_linear_bf16w: weight not from pack_bf16w for this input");
+  TORCH_CHECK(n > (packed.size(0) - 1) * kNR && n <= packed.size(0) * kNR,
+              "packed_linear_bf16w: shapes do not match");
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "packed_linear_bf16w: float32 bias (N,)");
+    bp = bias->data_ptr<float>();
   }
-  return y;
+  return run<uint16_t>(x, packed, nullptr, bp, n);
 }
 
 }  // namespace modelyard::ops

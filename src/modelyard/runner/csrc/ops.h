@@ -57,6 +57,8 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperatu
 at::Tensor packed_linear_int8(const at::Tensor& x, const at::Tensor& packed,
                               const at::Tensor& scale, int64_t n,
                               const c10::optional<at::Tensor>& bias);
+at::Tensor packed_linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                               const c10::optional<at::Tensor>& bias);
 
 // gemm_gguf.cpp
 at::Tensor packed_linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,

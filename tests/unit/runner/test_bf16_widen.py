@@ -1,0 +1,94 @@
+"""bf16 linear layers where the kernels have no AVX-512 (runner.bf16_widen, csrc/gemm_int8.cpp):
+the weights widened in registers and summed in float32 give x W^T within bf16's rounding, at
+decode row counts (the kernel) and prompt row counts (one float32 F.linear), and bf16 layers
+take this path exactly where it is meant to run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from modelyard.runner import bf16_widen, kernels
+from modelyard.runner.kernel_config import KernelConfig
+from modelyard.runner.linear import Linear, SwiGLU
+
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(not kernels.load(), reason="the runner's kernels did not build here"),
+]
+
+
+def assert_within_bf16(
+    y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+) -> None:
+    """y is x W^T (+ b) to bf16's rounding (half a step of 2^-8) plus float32 summation error."""
+    ref = x.double() @ w.double().T + (0 if b is None else b.double())
+    scale = x.double().abs() @ w.double().abs().T + (0 if b is None else b.double().abs())
+    err = (y.double() - ref).abs()
+    assert y.dtype == torch.bfloat16
+    assert bool((err <= ref.abs() * 2**-8 + 1e-5 * scale).all()), float(
+        (err - ref.abs() * 2**-8).max()
+    )
+
+
+@pytest.mark.parametrize(("n", "k"), [(37, 40), (200, 576), (64, 1536)])
+def test_panels_hold_the_weight(n: int, k: int) -> None:
+    weight = torch.randn(n, k).bfloat16()
+    packed = bf16_widen.pack(weight)
+    assert packed.shape == ((n + 15) // 16, k, 16)
+    assert torch.equal(bf16_widen.unpack(packed, n), weight)
+    assert not bool(packed.transpose(1, 2).reshape(-1, k)[n:].any())  # zero padding
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(("n", "k"), [(37, 40), (200, 576), (64, 1536), (96, 576)])
+def test_widened_gemm_is_x_times_w_at_every_row_count(n: int, k: int, with_bias: bool) -> None:
+    torch.manual_seed(n * k)
+    weight = (torch.randn(n, k) * 0.05).bfloat16()
+    bias = torch.randn(n) if with_bias else None
+    packed = bf16_widen.pack(weight)
+    # 1: four streams a unit; 2-64: six-row blocks and their remainders; past 64: F.linear
+    for rows in (1, 2, 5, 6, 7, 13, 32, 64, 65, 130):
+        x = torch.randn(rows, k).bfloat16()
+        assert_within_bf16(bf16_widen.linear(x, packed, n, bias), x, weight, bias)
+
+
+def test_non_finite_inputs_stay_non_finite() -> None:
+    weight = torch.ones(16, 8).bfloat16()
+    x = torch.ones(1, 8).bfloat16()
+    x[0, 3] = float("inf")
+    y = bf16_widen.linear(x, bf16_widen.pack(weight), 16, None)
+    assert bool(torch.isinf(y).all())
+
+
+def _config(**kw: str) -> KernelConfig:
+    return dataclasses.replace(KernelConfig.from_env(kw), isa="avx2")
+
+
+def test_bf16_layers_take_the_path_on_hosts_without_avx512(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bf16_widen, "kernel_config", lambda: _config())
+    assert bf16_widen.available()
+    torch.manual_seed(5)
+    weight, bias = (torch.randn(80, 576) * 0.05).bfloat16(), torch.randn(80).bfloat16()
+    gate, up = ((torch.randn(48, 576) * 0.05).bfloat16() for _ in range(2))
+    layer, mlp = Linear(weight, bias, pack=True), SwiGLU(gate, up, pack=True)
+    assert layer._widen is not None
+    x = torch.randn(100, 576).bfloat16()
+    for rows in (1, 32, 100):
+        assert_within_bf16(layer(x[:rows]), x[:rows], weight, bias.float())
+    both = torch.cat([gate, up]).float()
+    g, u = (x.float() @ both.T).chunk(2, dim=-1)
+    torch.testing.assert_close(
+        mlp(x).float(), torch.nn.functional.silu(g) * u, rtol=2e-2, atol=2e-2
+    )
+
+
+def test_switches_keep_torchs_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bf16_widen, "kernel_config", lambda: _config(MODELYARD_BF16_GEMM="onednn"))
+    assert not bf16_widen.available()
+    monkeypatch.setattr(bf16_widen, "kernel_config", lambda: KernelConfig.from_env({}))
+    assert bf16_widen.available() == (not KernelConfig.from_env({}).has("avx512"))
