@@ -27,7 +27,9 @@ panels) runs instead at up to 32 rows, where oneDNN's AMX kernels sum in its ord
 1-32 rows; past 32 they split the sum otherwise and keep the layer), SwiGLU fused likewise,
 faster than oneDNN at decode sizes, where a step is bound by streaming the weights. Which
 kernel, if any, is `kernels.bf16_gemm_path()`: only where it finds oneDNN's bits at load unless
-`MODELYARD_BF16_GEMM=always` (runner.kernel_config); elsewhere bf16 keeps oneDNN.
+`MODELYARD_BF16_GEMM=always` (runner.kernel_config); elsewhere bf16 keeps oneDNN. Where the
+kernels have no AVX-512 (torch's bf16 matmul is scalar there) bf16 layers keep their weights
+as bf16 panels widened in registers instead (runner.bf16_widen).
 
 With `MODELYARD_WEIGHTS=int8` (float32 or bf16 models, kernels built) every layer keeps its
 weight as int8 with a float32 scale per output row instead (`csrc/gemm_int8.cpp`: widened in
