@@ -22,28 +22,23 @@ if ! "$DIR/vllm-venv/bin/python" -c 'import vllm' 2>/dev/null; then
   # they break imports beside CPU torch (../shared/design/PEERS.md)
   "$DIR/vllm-venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
 fi
-if ! "$DIR/llama-venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
-  "$PYTHON" -m venv "$DIR/llama-venv"
-  CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-venv/bin/pip" install -q \
-    "llama-cpp-python[server]==0.3.36"
+# llama_venv NAME [CMAKE_ARGS]: llama-cpp-python[server] built into DIR/NAME unless it is there
+llama_venv() {
+  "$DIR/$1/bin/python" -c 'import llama_cpp.server' 2>/dev/null && return
+  "$PYTHON" -m venv "$DIR/$1"
+  CMAKE_ARGS="${2:-}" CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/$1/bin/pip" install -q \
+    --no-cache-dir "llama-cpp-python[server]==0.3.36"
+}
+BASE="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+NO_AMX="-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+llama_venv llama-venv
+if grep -q amx_int8 /proc/cpuinfo; then
+  llama_venv llama-noamx-venv "$BASE $NO_AMX -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+    -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON"
 fi
-if grep -q amx_int8 /proc/cpuinfo && \
-  ! "$DIR/llama-noamx-venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
-  "$PYTHON" -m venv "$DIR/llama-noamx-venv"
-  NOAMX="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-  NOAMX="$NOAMX -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON"
-  NOAMX="$NOAMX -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-  CMAKE_ARGS="$NOAMX" CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-noamx-venv/bin/pip" install \
-    -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
-fi
-if [ "${LLAMA_AVX2:-0}" = 1 ] && \
-  ! "$DIR/llama-avx2-venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
-  "$PYTHON" -m venv "$DIR/llama-avx2-venv"
-  AVX2="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-  AVX2="$AVX2 -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF"
-  AVX2="$AVX2 -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-  CMAKE_ARGS="$AVX2" CMAKE_BUILD_PARALLEL_LEVEL=2 nice "$DIR/llama-avx2-venv/bin/pip" install \
-    -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
+if [ "${LLAMA_AVX2:-0}" = 1 ]; then
+  llama_venv llama-avx2-venv "$BASE $NO_AMX -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
+    -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF"
 fi
 [ -f "$DIR/smollm2-135m-bf16.gguf" ] || \
   "$HERE/../.venv/bin/python" "$HERE/make_bf16_gguf.py" "$DIR/smollm2-135m-bf16.gguf"

@@ -44,19 +44,28 @@ inline f16v widen(const uint16_t* p) {  // bf16 -> float32: the bits moved up, e
   return reinterpret_cast<const f16v&>(bits);
 }
 
+// the next unit's weights, one 64-byte line from pf every `every` steps of k (none: pf null)
+struct Trickle {
+  const char* pf;
+  int64_t every, countdown = 1;
+  void step() {
+    if (pf != nullptr && --countdown == 0) {
+      __builtin_prefetch(pf, 0, 2);
+      pf += 64;
+      countdown = every;
+    }
+  }
+};
+
 // rows (<= kMR) of x (float32, ldx apart) times one panel (k_len x 16 weights) -> sums (rows x 16)
 template <int MR, typename W>
 inline void micro(const float* x, int64_t ldx, const W* panel, int64_t k_len, f16v* sums,
                   const char* pf, int64_t pf_every) {
   f16v acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = f16v{};
-  int64_t countdown = 1;
+  Trickle trickle{pf, pf_every};
   for (int64_t k = 0; k < k_len; ++k) {
-    if (pf != nullptr && --countdown == 0) {
-      __builtin_prefetch(pf, 0, 2);
-      pf += 64;
-      countdown = pf_every;
-    }
+    trickle.step();
     const f16v w = widen(panel + k * kNR);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) acc[i] += (f16v{} + x[i * ldx + k]) * w;
@@ -73,13 +82,9 @@ inline void micro(const float* x, int64_t ldx, const uint16_t* panel, int64_t k_
                   const char* pf, int64_t pf_every) {
   v8 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = v8{};
-  int64_t countdown = 1;
+  Trickle trickle{pf, pf_every};
   for (int64_t k = 0; k < k_len; ++k) {
-    if (pf != nullptr && --countdown == 0) {
-      __builtin_prefetch(pf, 0, 2);
-      pf += 64;
-      countdown = pf_every;
-    }
+    trickle.step();
     const v8 w0 = load_bf16(panel + k * kNR), w1 = load_bf16(panel + k * kNR + 8);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
