@@ -21,21 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-from modelyard.runner.kernel_config import KINDS, host_kind
+from modelyard.runner.kernel_config import KINDS, LIBRARY_CAPS, host_kind
 
-# torch's own kernels, oneDNN's (bf16 matmuls, vLLM's linear layers) and MKL's (fp32 matmuls)
-CAPS = {
-    "avx512-bf16": {
-        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
-        "ATEN_CPU_CAPABILITY": "avx512",
-        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
-    },
-    "avx2": {
-        "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "ATEN_CPU_CAPABILITY": "avx2",
-        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-    },
-}
+# torch's own libraries capped to the kind (runner.kernel_config: also what test_isa_paths sets)
+CAPS = LIBRARY_CAPS
 VARIABLE = "BENCH_EMULATE"  # the kind played, read by benchmarks/emulate/sitecustomize.py
 SITE = Path(__file__).parent / "emulate"
 

@@ -50,6 +50,20 @@ _REQUIRED: dict[HostKind, tuple[str, ...]] = {
     "avx2": ("avx2", "fma"),
     "generic": (),
 }
+# what caps torch's own libraries to a lower kind, as MODELYARD_ISA caps the kernels: ATen's
+# kernels, oneDNN's (bf16 matmuls) and MKL's (float32 matmuls); set before torch starts
+LIBRARY_CAPS: dict[HostKind, dict[str, str]] = {
+    "avx512-bf16": {
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+    },
+    "avx2": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+}
 # compiler flags that make a kind's code and nothing above it (`-march=native` minus the rest)
 _NO_AMX = ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"]
 BUILD_FLAGS: dict[HostKind, list[str]] = {

@@ -1,6 +1,6 @@
 """The kernels' lower instruction-set paths on this host: MODELYARD_ISA forces the kernels an
-AVX-512 BF16 host and an AVX2-only host would build, and oneDNN and ATen are capped to match
-(ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), so an AMX host runs the kernel tests and the real
+AVX-512 BF16 host and an AVX2-only host would build, and oneDNN, ATen and MKL are capped to
+match (kernel_config.LIBRARY_CAPS), so an AMX host runs the kernel tests and the real
 model's acceptance checks on each of those paths. A kind this host lacks is skipped."""
 
 from __future__ import annotations
@@ -13,16 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.runner.kernel_config import KINDS, host_kind
+from modelyard.runner.kernel_config import KINDS, LIBRARY_CAPS, host_kind
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
-# what a host of each kind gets from torch's own libraries
-TORCH_CAPS = {
-    "avx512-bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
-    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
-}
 KERNEL_TESTS = [
     "tests/unit/runner/test_linear.py",
     "tests/unit/runner/test_fused_ops.py",
@@ -68,11 +63,11 @@ def run_pytest(
 
 
 def forced_env(kind: str) -> dict[str, str]:
-    return {**os.environ, "MODELYARD_ISA": kind, **TORCH_CAPS[kind]}
+    return {**os.environ, "MODELYARD_ISA": kind, **LIBRARY_CAPS[kind]}
 
 
 @pytest.mark.timeout(2400)  # a kernel build for the forced kind where setup has not made it
-@pytest.mark.parametrize("kind", sorted(TORCH_CAPS))
+@pytest.mark.parametrize("kind", sorted(LIBRARY_CAPS))
 def test_kernels_pass_their_tests_on_a_forced_lower_path(kind: str) -> None:
     if KINDS.index(host_kind()) >= KINDS.index(kind):  # type: ignore[arg-type]
         pytest.skip(f"this host's own kind is {host_kind()}: nothing lower to force")
