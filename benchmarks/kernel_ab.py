@@ -15,6 +15,7 @@ in the engine:
 - **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32 rows: the fused q/k/v, o, the down
   projection over 30 layers' weights, and the lm_head.
 - **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up.
+- **The bf16 GEMM of hosts without AVX-512** (bf16 panels widened to float32) at 32 rows and 1.
 - **The AMX GEMMs** (AMX hosts) over one decode step's bf16 weights in the engine's order, at
   32 rows and at 1 row.
 
@@ -24,6 +25,9 @@ per library, so using it for one build alone would be unfair.
 
     .venv/bin/python benchmarks/kernel_ab.py --base HEAD~1            # HEAD~1 vs working tree
     .venv/bin/python benchmarks/kernel_ab.py --base a908cda~1 --head a908cda --rounds 15
+
+Both builds use the runner's compiler flags for the selected kind, so `MODELYARD_ISA=avx2`
+(with the library caps of `kernel_config.LIBRARY_CAPS`) compares the AVX2 builds.
 """
 
 from __future__ import annotations
@@ -41,13 +45,14 @@ from typing import Any
 
 import torch
 
+from modelyard.runner import kernels
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import machine_info, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = "src/modelyard/runner/csrc"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]  # runner.kernels' flags
 LAYERS, KV_HEADS, HEAD_DIM, HEADS, REQUESTS, BLOCK, KEYS = 30, 3, 64, 9, 32, 16, 191
 
 
@@ -84,7 +89,7 @@ def build(tag: str, rev: str | None, root: Path) -> Any:
     cpp_extension.load(
         name=f"ab_{tag}",
         sources=[str(p) for p in sorted(out.glob("*.cpp"))],
-        extra_cflags=FLAGS,
+        extra_cflags=kernels._flags(),  # the runner's flags for the kind (MODELYARD_ISA)
         extra_ldflags=["-fopenmp"],
         build_directory=str(out / "build"),
         is_python_module=False,
@@ -188,6 +193,27 @@ def fp32_gemm_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
     return cases
 
 
+def bf16w_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
+    """The bf16 GEMM of hosts without AVX-512 (runner.bf16_widen) at `rows` rows over 30
+    layers' weights of each shape (the gate/up pair as one weight), and the lm_head."""
+    from modelyard.runner import bf16_widen
+
+    torch.manual_seed(4)
+    shapes = {"qkv": (960, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+    cases: dict[str, Callable[[Any], torch.Tensor]] = {}
+    for name, (n, k) in {**shapes, "lm_head": (49152, 576)}.items():
+        count = 1 if name == "lm_head" else LAYERS
+        packed = [bf16_widen.pack(torch.randn(n, k).bfloat16()) for _ in range(count)]
+        x = torch.randn(rows, k).bfloat16()
+
+        def run(ops: Any, n: int = n, x: torch.Tensor = x,
+                packed: list[torch.Tensor] = packed) -> torch.Tensor:  # fmt: skip
+            return torch.stack([ops.packed_linear_bf16w(x, p, n, None) for p in packed])
+
+        cases[f"gemm_bf16w_{name}_m{rows}"] = run
+    return cases
+
+
 def amx_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
     """The AMX GEMMs over one decode step's bf16 weights in the engine's order (per layer q/k/v,
     o, SwiGLU's gate/up, down; then the lm_head), at `rows` rows: 270 MB, read from memory."""
@@ -251,6 +277,9 @@ def main() -> None:
             cases.update(amx_cases(1))
         cases.update(fp32_gemm_cases(REQUESTS))
         cases.update(fp32_gemm_cases(1))
+        if all(hasattr(b, "packed_linear_bf16w") for b in builds.values()):
+            cases.update(bf16w_cases(REQUESTS))
+            cases.update(bf16w_cases(1))
         cases = {name: run for name, run in cases.items() if re.search(args.cases, name)}
         for run in cases.values():  # untimed: packing, first touches
             for ops in builds.values():

@@ -2,27 +2,26 @@
 
 torch's own bf16 matmul is scalar there (oneDNN's bf16 kernels need AVX-512), so bf16 models
 used to be no option on such hosts. Here a layer keeps its bf16 weight in 16-column panels
-(`pack`: (ceil(N / 16), K, 16), k-major), and:
-- up to `DECODE_ROWS` rows (decode steps) the runner's kernel (`csrc/gemm_int8.cpp`,
-  `packed_linear_bf16w`) streams the panels, widens each bf16 weight to float32 in registers
-  (exact: the bits moved up) and sums over k in float32 FMAs: half the bytes of float32 per
-  step;
-- past that (prompts) the panels are widened to a float32 weight for one `F.linear` in float32
-  (MKL's AVX2 sgemm; widening is ~1 % of the matmul's time).
-Either way the result is rounded to bf16 once. The sums are float32 in their own order, so
-results can differ from a float32 reference in bf16's last bit now and then (tested within one
-bf16 step). `MODELYARD_BF16_GEMM=onednn` keeps torch's path.
+(`pack`: (ceil(N / 16), K, 16), k-major, the float32 GEMM's layout), and the runner's kernel
+(`packed_linear_bf16w`) widens the weights to float32 (exact: the bits moved up) and sums over
+k in float32 FMAs, so memory delivers half the bytes of float32:
+- one row (a decode step of one request): four panel streams widened in registers
+  (`csrc/gemm_int8.cpp`);
+- more rows: the float32 GEMM (`csrc/gemm.cpp`), whose first micro-kernel call on each chunk of
+  panels widens it into an L1 buffer that the calls for the other rows read: the float32 GEMM's
+  sums, bit for bit, at about its speed, and no float32 copy of the weight at prompt sizes.
+The result is rounded to bf16 once. The sums are float32 in their own order, so results can
+differ from a float32 reference in bf16's last bit now and then (tested within one bf16 step).
+`MODELYARD_BF16_GEMM=onednn` keeps torch's path.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from modelyard.runner import kernels
 from modelyard.runner.kernel_config import kernel_config
 
-DECODE_ROWS = 64  # up to this many rows a call runs the kernel, past it F.linear in float32
 _NR = 16  # output columns per panel (csrc/gemm_int8.cpp: kNR)
 
 
@@ -51,9 +50,7 @@ def linear(
     x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x (M, K) bfloat16 -> x W^T (+ bias, float32) (M, N) bfloat16."""
-    if x.shape[0] <= DECODE_ROWS:
-        out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_bf16w(
-            x.contiguous(), packed, n, bias
-        )
-        return out
-    return F.linear(x.float(), unpack(packed, n).float(), bias).to(torch.bfloat16)
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_bf16w(
+        x.contiguous(), packed, n, bias
+    )
+    return out

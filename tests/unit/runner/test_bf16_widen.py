@@ -1,7 +1,7 @@
-"""bf16 linear layers where the kernels have no AVX-512 (runner.bf16_widen, csrc/gemm_int8.cpp):
-the weights widened in registers and summed in float32 give x W^T within bf16's rounding, at
-decode row counts (the kernel) and prompt row counts (one float32 F.linear), and bf16 layers
-take this path exactly where it is meant to run."""
+"""bf16 linear layers where the kernels have no AVX-512 (runner.bf16_widen, csrc/gemm_int8.cpp
+and csrc/gemm.cpp): the weights widened to float32 and summed in float32 give x W^T within
+bf16's rounding at every row count, more than one row exactly the float32 GEMM's bits on the
+widened weight, and bf16 layers take this path exactly where it is meant to run."""
 
 from __future__ import annotations
 
@@ -49,10 +49,25 @@ def test_widened_gemm_is_x_times_w_at_every_row_count(n: int, k: int, with_bias:
     weight = (torch.randn(n, k) * 0.05).bfloat16()
     bias = torch.randn(n) if with_bias else None
     packed = bf16_widen.pack(weight)
-    # 1: four streams a unit; 2-64: six-row blocks and their remainders; past 64: F.linear
-    for rows in (1, 2, 5, 6, 7, 13, 32, 64, 65, 130):
+    # 1: four streams a unit; more: micro-kernel calls of up to 6 rows, blocks of 96 rows
+    for rows in (1, 2, 5, 6, 7, 13, 32, 64, 65, 96, 97, 130, 200):
         x = torch.randn(rows, k).bfloat16()
         assert_within_bf16(bf16_widen.linear(x, packed, n, bias), x, weight, bias)
+
+
+@pytest.mark.parametrize(("n", "k"), [(37, 40), (200, 576), (64, 1536)])
+def test_rows_past_one_are_the_float32_gemm_on_the_widened_weight(n: int, k: int) -> None:
+    """Past one row the kernel widens each chunk of panels once and runs the float32 GEMM's
+    micro-kernels over it: the same sums in the same order as that GEMM on the float32 weight,
+    so the same bits once rounded (bias included)."""
+    torch.manual_seed(n + k)
+    ops = torch.ops.modelyard_kernels
+    weight, bias = (torch.randn(n, k) * 0.05).bfloat16(), torch.randn(n)
+    packed, packed32 = bf16_widen.pack(weight), ops.pack_weight(weight.float())
+    for rows in (2, 7, 32, 97):
+        x = torch.randn(rows, k).bfloat16()
+        want = ops.packed_linear(x.float(), packed32, n, bias).to(torch.bfloat16)
+        assert torch.equal(bf16_widen.linear(x, packed, n, bias), want)
 
 
 def test_non_finite_inputs_stay_non_finite() -> None:

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 #include <vector>
 
 #include "claim.h"
@@ -65,6 +66,25 @@ constexpr int kLanes = kNR / kVecs;
 
 inline v8 load(const float* p) { return *reinterpret_cast<const v8*>(p); }
 inline vec load_vec(const float* p) { return *reinterpret_cast<const vec*>(p); }
+// a vector of bf16 weights (bits) widened to float32: exact
+inline vec load_vec(const uint16_t* p) {
+#if defined(__AVX512F__)
+  return modelyard::load_bf16x16(p);
+#else
+  return modelyard::load_bf16(p);
+#endif
+}
+
+// The panels a micro-kernel call reads: NP of them, `stride` elements apart. W float32, or bf16
+// bits, which the call widens as it goes and also writes, widened, to `wide` (the chunk's float32
+// copy, wide_stride floats between panels) for the row blocks after it.
+template <typename W>
+struct Panels {
+  const W* at;
+  int64_t stride;
+  float* wide = nullptr;
+  int64_t wide_stride = 0;
+};
 
 // Where one panel's products go: y (row stride ldy, ncols of the panel's 16 columns), and the
 // bias to add (nullptr but in the last K chunk).
@@ -105,9 +125,16 @@ inline void store_row(const vec (&acc)[kVecs], bool first, const float* bias, fl
 // costs ~10 % at prefill sizes).
 enum Prefetch { kNone, kChunkAhead, kStreamAhead };
 
-template <int MR, int NP, int PF>
-inline void micro(const float* x, const float* panel, int64_t pstride, int64_t k_len, bool first,
-                  const Target* to, const float* pf, int64_t pf_every) {
+// Where kChunkAhead prefetches: the line at `at` (and at + stride for a second panel), the
+// next line every `every` steps of k.
+struct Ahead {
+  const char* at;
+  int64_t stride, every;
+};
+
+template <int MR, int NP, int PF, typename W>
+inline void micro(const float* x, Panels<W> panel, int64_t k_len, bool first, const Target* to,
+                  Ahead pf) {
   vec acc[NP][MR][kVecs];
   for (int p = 0; p < NP; ++p) {
     for (int i = 0; i < MR; ++i) {
@@ -117,19 +144,25 @@ inline void micro(const float* x, const float* panel, int64_t pstride, int64_t k
   int64_t countdown = 1;
   for (int64_t k = 0; k < k_len; ++k) {
     if constexpr (PF == kStreamAhead) {
-      for (int p = 0; p < NP; ++p) __builtin_prefetch(panel + p * pstride + k * kNR + kAhead, 0, 2);
+      for (int p = 0; p < NP; ++p) {
+        __builtin_prefetch(panel.at + p * panel.stride + k * kNR + kAhead, 0, 2);
+      }
     }
     if constexpr (PF == kChunkAhead) {
       if (--countdown == 0) {
-        for (int p = 0; p < NP; ++p) __builtin_prefetch(pf + p * pstride, 0, 3);
-        pf += kNR;
-        countdown = pf_every;
+        for (int p = 0; p < NP; ++p) __builtin_prefetch(pf.at + p * pf.stride, 0, 3);
+        pf.at += 64;
+        countdown = pf.every;
       }
     }
     vec b[NP][kVecs];
     for (int p = 0; p < NP; ++p) {
-      const float* row = panel + p * pstride + k * kNR;
+      const W* row = panel.at + p * panel.stride + k * kNR;
       for (int h = 0; h < kVecs; ++h) b[p][h] = load_vec(row + h * kLanes);
+      if constexpr (std::is_same_v<W, uint16_t>) {
+        float* wide = panel.wide + p * panel.wide_stride + k * kNR;
+        for (int h = 0; h < kVecs; ++h) *reinterpret_cast<vec*>(wide + h * kLanes) = b[p][h];
+      }
     }
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
@@ -146,15 +179,13 @@ inline void micro(const float* x, const float* panel, int64_t pstride, int64_t k
   }
 }
 
-template <int MR, int NP, int PF>
-void micro_rows(const float* x, const float* panel, int64_t pstride, int64_t k_len, bool first,
-                const Target* to, int64_t rows, const float* pf, int64_t pf_every) {
+template <int MR, int NP, int PF, typename W>
+void micro_rows(const float* x, Panels<W> panel, int64_t k_len, bool first, const Target* to,
+                int64_t rows, Ahead pf) {
   switch (rows) {
-    case MR: micro<MR, NP, PF>(x, panel, pstride, k_len, first, to, pf, pf_every); break;
+    case MR: micro<MR, NP, PF>(x, panel, k_len, first, to, pf); break;
     default:
-      if constexpr (MR > 1) {
-        micro_rows<MR - 1, NP, PF>(x, panel, pstride, k_len, first, to, rows, pf, pf_every);
-      }
+      if constexpr (MR > 1) micro_rows<MR - 1, NP, PF>(x, panel, k_len, first, to, rows, pf);
   }
 }
 
@@ -201,31 +232,56 @@ const float* packed_rows(const float* x, int64_t m0, int64_t rows, int64_t k_len
 
 std::atomic<uint64_t> gemm_calls{0};
 
+// The next chunk to prefetch while one is computed: its first byte (nullptr: none), the bytes
+// between its panels and the k steps each 64-byte line of a panel holds (1 for float32 panels,
+// 2 for bf16).
+struct NextChunk {
+  const char* at;
+  int64_t stride, k_per_line;
+};
+
+// Call c of `calls` of row_blocks: rows [i, i + r) of the block.
+template <int NP, typename W>
+void row_call(const float* xb, int64_t rows, int64_t k_total, int64_t k0, Panels<W> panel,
+              int64_t k_len, bool first, const Target* to, NextChunk next, int64_t c,
+              int64_t calls, int64_t i, int64_t r) {
+  const float* xi = xb + i * k_total + k0 * r;
+  Target rows_to[NP];
+  for (int p = 0; p < NP; ++p) {
+    rows_to[p] = {to[p].y + i * to[p].ldy, to[p].ldy, to[p].ncols, to[p].bias};
+  }
+  constexpr Ahead none{nullptr, 0, 0};
+  if constexpr (NP == 4) {  // a single row's four streams
+    micro<1, 4, kStreamAhead>(xi, panel, k_len, first, rows_to, none);
+    return;
+  }
+  if (next.at != nullptr) {
+    const int64_t lines = k_len / next.k_per_line;
+    const Ahead pf{next.at + c * lines / calls * 64, next.stride, calls * next.k_per_line};
+    micro_rows<kMR, NP, kChunkAhead>(xi, panel, k_len, first, rows_to, r, pf);
+  } else if (rows == 1) {
+    micro_rows<kMR, NP, kStreamAhead>(xi, panel, k_len, first, rows_to, r, none);
+  } else {
+    micro_rows<kMR, NP, kNone>(xi, panel, k_len, first, rows_to, r, none);
+  }
+}
+
 // The rows of a block (x packed by pack_rows, its k0 .. k0 + k_len chunk) times NP panel chunks
-// (panel, panel + pstride) into `to`. With pf, the k_len lines of the chunk at pf (and at
-// pf + pstride) are prefetched, spread evenly over all the calls: call c of C takes lines
-// [c k_len / C, (c + 1) k_len / C), one every C steps of k.
-template <int NP>
-void row_blocks(const float* xb, int64_t rows, int64_t k_total, int64_t k0, const float* panel,
-                int64_t pstride, int64_t k_len, bool first, const Target* to, const float* pf) {
+// into `to`. bf16 panels are widened by the first call, into panel.wide, and read from there by
+// the calls after it. With next.at, the L = k_len / k_per_line lines of each of
+// the next chunk's panels are prefetched, spread evenly over all the calls: call c of C takes
+// lines [c L / C, (c + 1) L / C), one every C k_per_line steps of k.
+template <int NP, typename W>
+void row_blocks(const float* xb, int64_t rows, int64_t k_total, int64_t k0, Panels<W> panels,
+                int64_t k_len, bool first, const Target* to, NextChunk next) {
   split_rows(rows, [&](int64_t c, int64_t calls, int64_t i, int64_t r) {
-    const float* xi = xb + i * k_total + k0 * r;
-    Target rows_to[NP];
-    for (int p = 0; p < NP; ++p) {
-      rows_to[p] = {to[p].y + i * to[p].ldy, to[p].ldy, to[p].ncols, to[p].bias};
+    if constexpr (std::is_same_v<W, uint16_t>) {
+      if (c > 0) {
+        const Panels<float> wide{panels.wide, panels.wide_stride};
+        return row_call<NP>(xb, rows, k_total, k0, wide, k_len, first, to, next, c, calls, i, r);
+      }
     }
-    if constexpr (NP == 4) {  // a single row's four streams
-      micro<1, 4, kStreamAhead>(xi, panel, pstride, k_len, first, rows_to, nullptr, 0);
-      return;
-    }
-    if (pf != nullptr) {
-      const float* lines = pf + c * k_len / calls * kNR;
-      micro_rows<kMR, NP, kChunkAhead>(xi, panel, pstride, k_len, first, rows_to, r, lines, calls);
-    } else if (rows == 1) {
-      micro_rows<kMR, NP, kStreamAhead>(xi, panel, pstride, k_len, first, rows_to, r, nullptr, 0);
-    } else {
-      micro_rows<kMR, NP, kNone>(xi, panel, pstride, k_len, first, rows_to, r, nullptr, 0);
-    }
+    row_call<NP>(xb, rows, k_total, k0, panels, k_len, first, to, next, c, calls, i, r);
   });
 }
 
@@ -243,25 +299,49 @@ void swiglu_tile(const float* gate, const float* up, int64_t rows, float* out, i
   }
 }
 
+// out[r][0..ncols) = tile[r] (+ bias) rounded to bf16 for the rows of a (rows, 16) tile (ldy:
+// out's row stride)
+void round_tile(const float* tile, const float* bias, int64_t rows, at::BFloat16* out,
+                int64_t ldy, int64_t ncols) {
+  alignas(32) float b[kNR] = {};
+  if (bias != nullptr) std::copy(bias, bias + ncols, b);
+  for (int64_t r = 0; r < rows; ++r) {
+    alignas(32) at::BFloat16 row[kNR];
+    for (int64_t c = 0; c < kNR; c += 8) {
+      const v8 v = load(tile + r * kNR + c);
+      modelyard::store_bf16(row + c, bias != nullptr ? v + load(b + c) : v);
+    }
+    std::copy(row, row + ncols, out + r * ldy);
+  }
+}
+
 // y (M, n) = x W^T (+ bias), or with swiglu y = silu(x Wg^T) * (x Wu^T) from pack_swiglu's
 // weight: each gate / up panel pair is computed into two small per-thread tiles (L1-resident)
 // and only their product is written, so the (M, 2n) intermediate never goes to memory.
+// W float32, or bf16 (uint16_t bits; no swiglu): then the first micro-kernel call of each chunk
+// widens its panels as it computes and leaves them, widened, in a per-thread float32 buffer (L1)
+// that the calls for the other rows read: the sums are the float32 GEMM's, one widening serves
+// all rows, and memory delivers half the bytes.
+// y is float32, or with W bf16 bfloat16: each 16-column block is then summed into a per-thread
+// float32 tile and rounded into y from there (as torch rounds: store_bf16).
+template <typename W>
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const float* bp,
                 bool swiglu) {
+  constexpr bool kWide = std::is_same_v<W, float>;
   const int64_t per = swiglu ? 2 : 1;  // panels per 16 output columns
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "packed_linear: contiguous float32 (M, K) input");
-  TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 3 &&
+  TORCH_CHECK(packed.scalar_type() == (kWide ? at::kFloat : at::kBFloat16) && packed.dim() == 3 &&
                   packed.is_contiguous() && packed.size(2) == kNR && packed.size(0) % per == 0,
               "packed_linear: weight not from pack_weight / pack_swiglu");
   const int64_t m = x.size(0), k_len = x.size(1), blocks = packed.size(0) / per;
   TORCH_CHECK(packed.size(1) == k_len && n > (blocks - 1) * kNR && n <= blocks * kNR,
               "packed_linear: shapes do not match");
-  auto y = at::empty({m, n}, x.options());
+  auto y = at::empty({m, n}, x.options().dtype(kWide ? at::kFloat : at::kBFloat16));
   if (m == 0) return y;
   const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+  const W* wp = static_cast<const W*>(packed.data_ptr());
+  float* yp = kWide ? y.data_ptr<float>() : nullptr;
   // K in near-equal chunks of at most kKC (576 -> 2 x 288, not 256 + 256 + 64)
   const int64_t k_chunk = (k_len + (k_len + kKC - 1) / kKC - 1) / ((k_len + kKC - 1) / kKC);
   const bool prefetch = m > 1 && m <= kMC;
@@ -277,35 +357,39 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
     const float* xb = packed_rows(xp, m0, rows, k_len, call);
     const int64_t begin = unit % groups * group, end = std::min(blocks, begin + group);
     // where this thread goes after this group: the first panel of its next claim
-    const float* after =
+    const W* after =
         following < units ? wp + following % groups * group * per * k_len * kNR : nullptr;
     // panels p .. p + np - 1 times the rows into to[0 .. np)
     auto panels = [&](int64_t p, int np, const Target* to) {
       for (int64_t k0 = 0; k0 < k_len; k0 += k_chunk) {
         const int64_t kc = std::min(k_chunk, k_len - k0);
         const bool last = k0 + kc == k_len;
-        const float* chunk = wp + (p * k_len + k0) * kNR;
+        const W* chunk = wp + (p * k_len + k0) * kNR;
         // decode sizes (one block of rows) read each panel chunk from memory once and compute
         // on it briefly, and hardware prefetchers stop at each 4 KiB page: so the chunk that
         // comes next is prefetched while this one is computed, a line every few k over all the
         // row blocks (a burst in the first block alone stalls it). A single row streams its
         // panels with a prefetch a little ahead in each (micro's kStreamAhead); at prefill
         // sizes the chunk is reused by many row blocks and the prefetch only evicts it.
-        const float* next = nullptr;
+        const W* next = nullptr;
         if (prefetch) {
           const bool more = p + np < end * per;  // this claim's next panel, else the next claim's
           next = !last ? chunk + kc * kNR : more ? wp + (p + np) * k_len * kNR : after;
         }
+        const NextChunk ahead{reinterpret_cast<const char*>(next), k_len * kNR * int64_t{sizeof(W)},
+                              int64_t{64 / (kNR * sizeof(W))}};
+        alignas(64) thread_local float wide[kWide ? 1 : 4 * kKC * kNR];  // (bf16: Panels)
+        const Panels<W> from{chunk, k_len * kNR, wide, kc * kNR};
         Target chunk_to[4];
         for (int i = 0; i < np; ++i) {
           chunk_to[i] = {to[i].y, to[i].ldy, to[i].ncols, last ? to[i].bias : nullptr};
         }
         if (np == 4) {
-          row_blocks<4>(xb, rows, k_len, k0, chunk, k_len * kNR, kc, k0 == 0, chunk_to, next);
+          row_blocks<4>(xb, rows, k_len, k0, from, kc, k0 == 0, chunk_to, ahead);
         } else if (kPairs && np == 2) {
-          row_blocks<2>(xb, rows, k_len, k0, chunk, k_len * kNR, kc, k0 == 0, chunk_to, next);
+          row_blocks<2>(xb, rows, k_len, k0, from, kc, k0 == 0, chunk_to, ahead);
         } else {
-          row_blocks<1>(xb, rows, k_len, k0, chunk, 0, kc, k0 == 0, chunk_to, next);
+          row_blocks<1>(xb, rows, k_len, k0, from, kc, k0 == 0, chunk_to, ahead);
         }
       }
     };
@@ -316,6 +400,15 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
     };
     alignas(64) thread_local float gate2[kNR], up2[kNR];
     for (int64_t q = begin; q < end;) {
+      if constexpr (!kWide) {  // bf16 out: the block into a tile, then rounded
+        const int64_t col = q * kNR, ncols = std::min(kNR, n - col);
+        const Target to[1] = {{gate, kNR, kNR, nullptr}};  // (gate: no swiglu here)
+        panels(q, 1, to);
+        round_tile(gate, bp != nullptr ? bp + col : nullptr, rows,
+                   y.data_ptr<at::BFloat16>() + m0 * n + col, n, ncols);
+        ++q;
+        continue;
+      }
       if (m == 1 && swiglu && q + 1 < end) {  // one row: blocks q and q + 1's pairs at once
         const Target to[4] = {{gate, kNR, kNR, nullptr}, {up, kNR, kNR, nullptr},
                               {gate2, kNR, kNR, nullptr}, {up2, kNR, kNR, nullptr}};
@@ -376,7 +469,14 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
                 "packed_linear: bias must be float32 (N,)");
     bp = bias->data_ptr<float>();
   }
-  return gemm(x, packed, n, bp, false);
+  return gemm<float>(x, packed, n, bp, false);
+}
+
+// x (M, K) float32, packed (ceil(N / 16), K, 16) bfloat16 (runner.bf16_widen.pack), n = N,
+// bias (N,) float32 or nullptr -> (M, N) bfloat16
+at::Tensor widened_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                          const float* bias) {
+  return gemm<uint16_t>(x, packed, n, bias, false);
 }
 
 // SwiGLU's gate and up weights (I, K) each -> one packed weight whose panels alternate: gate
@@ -396,7 +496,7 @@ at::Tensor pack_swiglu(const at::Tensor& gate, const at::Tensor& up) {
 
 // x (M, K), packed from pack_swiglu of (I, K) weights, n = I -> (M, I)
 at::Tensor packed_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
-  return gemm(x, packed, n, nullptr, true);
+  return gemm<float>(x, packed, n, nullptr, true);
 }
 
 }  // namespace modelyard::ops

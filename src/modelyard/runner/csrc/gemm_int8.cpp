@@ -1,6 +1,7 @@
 // y = x (W_q * s)^T (+ b) with int8 weights and a float32 scale per output column (weight-only
 // int8, an opt-in of the runner: MODELYARD_WEIGHTS=int8), and y = x W^T (+ b) with bf16 weights
-// (the bf16 GEMM of hosts without AVX-512 BF16: widened exactly, summed in float32).
+// (the bf16 GEMM of hosts without AVX-512 BF16: widened exactly, summed in float32) for one row;
+// more rows of bf16 run gemm.cpp's float32 micro-kernels over chunks widened once (widened_linear).
 //
 // One request decoding (one row of x) is bound by streaming the weights from memory: int8 halves
 // bf16's bytes and quarters float32's. The weight is packed as the float32 GEMM's panels (16
@@ -14,15 +15,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 
 #include "claim.h"
 #include "ops.h"
 #include "vec.h"
 
 using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
-using modelyard::load_bf16, modelyard::splat, modelyard::v8;
 
 namespace {
 
@@ -74,32 +72,6 @@ inline void micro(const float* x, int64_t ldx, const W* panel, int64_t k_len, f1
 }
 
 inline f16v splat16(float v) { return f16v{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
-
-// bf16 weights: each k's 16 widened as two 8-float halves with one accumulator pair per row, so
-// an AVX2 build keeps every sum in a register (the 16-float vector type spills them there)
-template <int MR>
-inline void micro(const float* x, int64_t ldx, const uint16_t* panel, int64_t k_len, f16v* sums,
-                  const char* pf, int64_t pf_every) {
-  v8 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = v8{};
-  Trickle trickle{pf, pf_every};
-  for (int64_t k = 0; k < k_len; ++k) {
-    trickle.step();
-    const v8 w0 = load_bf16(panel + k * kNR), w1 = load_bf16(panel + k * kNR + 8);
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const v8 xi = splat(x[i * ldx + k]);
-      acc[i][0] += xi * w0;
-      acc[i][1] += xi * w1;
-    }
-  }
-  for (int i = 0; i < MR; ++i) std::memcpy(&sums[i], acc[i], sizeof(acc[i]));
-}
-
-// rows of x per micro-kernel call: int8 8 (16-float sums); bf16 6, whose 12 halves, two weight
-// halves and a broadcast fit AVX2's 16 registers
-template <typename W>
-constexpr int64_t kRows = std::is_same_v<W, uint16_t> ? 6 : kMR;
 
 template <int MR, typename W>
 void micro_rows(int rows, const float* x, int64_t ldx, const W* panel, int64_t k_len,
@@ -167,10 +139,10 @@ void gemm(const float* xp, int64_t m, int64_t k, const at::Tensor& packed, const
       const int64_t share = next_lines / kPanelsPerUnit;
       const char* pf = next != nullptr ? next + (p - p0) * share * 64 : nullptr;
       const int64_t every = std::max<int64_t>(1, k / std::max<int64_t>(1, share));
-      for (int64_t i = 0; i < m; i += kRows<W>) {
-        const int rows = static_cast<int>(std::min(kRows<W>, m - i));
+      for (int64_t i = 0; i < m; i += kMR) {
+        const int rows = static_cast<int>(std::min(kMR, m - i));
         f16v sums[kMR];
-        micro_rows<kRows<W>, W>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr,
+        micro_rows<kMR, W>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr,
                                 every);
         for (int r = 0; r < rows; ++r) {
           store_row(yp + (i + r) * n + col, sums[r], scale ? scale + col : nullptr,
@@ -242,7 +214,8 @@ at::Tensor packed_linear_bf16w(const at::Tensor& x, const at::Tensor& packed, in
                 "packed_linear_bf16w: float32 bias (N,)");
     bp = bias->data_ptr<float>();
   }
-  return run<uint16_t>(x, packed, nullptr, bp, n);
+  if (x.size(0) == 1) return run<uint16_t>(x, packed, nullptr, bp, n);
+  return widened_linear(x.to(at::kFloat), packed, n, bp);
 }
 
 }  // namespace modelyard::ops

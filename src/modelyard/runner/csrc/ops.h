@@ -31,6 +31,9 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
                          const c10::optional<at::Tensor>& bias);
 at::Tensor pack_swiglu(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor packed_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+// (not an op: gemm_int8.cpp's packed_linear_bf16w runs its rows past the first through it)
+at::Tensor widened_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                          const float* bias);
 
 // gemm_bf16.cpp
 bool bf16_gemm_supported();
