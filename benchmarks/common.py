@@ -135,7 +135,12 @@ def ceiling_gflops(dtype_name: str) -> float:
     """The matmul rate behind a ceiling. Playing an AVX-512 BF16 host on an Intel one
     (`--emulate`), bf16 matmuls without AMX run on `vdpbf16ps`, which Intel cores issue at half
     their float32 FMA rate (AMD Zen 4 at twice it): the bf16 ceiling is then the higher of the
-    bf16 and the float32 matmul rates, the one a bf16 model could reach by widening to fp32."""
+    bf16 and the float32 matmul rates, the one a bf16 model could reach by widening to fp32.
+    On AVX2 (and generic) hosts, played or real, torch's bf16 matmul is scalar (~0.3 GFLOP/s
+    on 2048², minutes to measure): their bf16 ceiling is the float32 rate, which the runner's
+    bf16 GEMM there (bf16 widened to float32) works at."""
+    if dtype_name == "bfloat16" and (emulated_kind() or host_kind()) in ("avx2", "generic"):
+        return matmul_gflops("float32")
     rate = matmul_gflops(dtype_name)
     if dtype_name == "bfloat16" and emulated_kind() == "avx512-bf16":
         rate = max(rate, matmul_gflops("float32"))

@@ -22,7 +22,7 @@ import torch
 from modelyard.runner import kernels
 from modelyard.runner.kernel_config import kernel_config
 
-_NR = 16  # output columns per panel (csrc/gemm_int8.cpp: kNR)
+_NR = 16  # output columns per panel (csrc/panels.h: kNR)
 
 
 def available() -> bool:

@@ -25,8 +25,8 @@ is ignored. The other switches:
 - `MODELYARD_BF16_GEMM`: when the runner's own bf16 GEMM (AMX tiles, or AVX-512 BF16) replaces
   oneDNN's at decode sizes: `auto` (default) where it gives oneDNN's bits (checked at load),
   `always` wherever it is built (its own summation order where oneDNN's differs), `onednn` never.
-  Where the kernels have no AVX-512, bf16 layers widen bf16 weights in registers
-  (runner.bf16_widen) unless it is `onednn`.
+  Where the kernels have no AVX-512, bf16 layers keep bf16 weights that the runner's GEMM widens
+  to float32 (runner.bf16_widen) unless it is `onednn`.
 """
 
 from __future__ import annotations

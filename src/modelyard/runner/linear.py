@@ -29,7 +29,7 @@ faster than oneDNN at decode sizes, where a step is bound by streaming the weigh
 kernel, if any, is `kernels.bf16_gemm_path()`: only where it finds oneDNN's bits at load unless
 `MODELYARD_BF16_GEMM=always` (runner.kernel_config); elsewhere bf16 keeps oneDNN. Where the
 kernels have no AVX-512 (torch's bf16 matmul is scalar there) bf16 layers keep their weights
-as bf16 panels widened in registers instead (runner.bf16_widen).
+as bf16 panels that the runner's GEMM widens to float32 as it reads them (runner.bf16_widen).
 
 With `MODELYARD_WEIGHTS=int8` (float32 or bf16 models, kernels built) every layer keeps its
 weight as int8 with a float32 scale per output row instead (`csrc/gemm_int8.cpp`: widened in

@@ -25,7 +25,7 @@ from acceptance_helpers import (
     run_core,
 )
 
-from modelyard.runner import attention
+from modelyard.runner import attention, bf16_widen
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.model_runner import ModelRunner
 
@@ -160,7 +160,10 @@ def test_bfloat16_batch_smoke(
     another summation order), so a prompt's last bits, and with them near-ties from the first
     token on, may differ; measured: 2 of these 5 requests part, one at an exact tie, one at
     the first token one step below the best. With MODELYARD_PREFILL_SDPA's switch the prompts
-    get SDPA's bits, as transformers attends them, and at most one request may part."""
+    get SDPA's bits, as transformers attends them, and at most one request may part, unless
+    the bf16 GEMM sums in its own order as well: where the kernels have no AVX-512
+    (runner.bf16_widen) it sums K in the float32 GEMM's chunks, not torch's order; measured
+    there (forced AVX2): 2 of 5 part with SDPA's prefill, each at a near-tie."""
     monkeypatch.setattr(attention, "_PREFILL_SDPA", prefill_sdpa)
     bf16 = load_runner(DEFAULT_MODEL, dtype="bfloat16", num_blocks=48)
     prompts = {rid: ids for rid, ids in batch.items() if len(ids) in (5, 12, 23, 40, 64)}
@@ -177,5 +180,5 @@ def test_bfloat16_batch_smoke(
         best = float(logits.max())
         step = 2.0 ** (math.floor(math.log2(abs(best))) - 7)  # one bf16 step at that size
         assert float(logits[ours[i]]) >= best - step, (rid, i, ours[i], expected[i])
-    allowed = 1 if prefill_sdpa else 2
+    allowed = 1 if prefill_sdpa and not bf16_widen.available() else 2
     assert parted <= allowed, f"{parted} of {len(prompts)} requests parted from generate"

@@ -30,7 +30,7 @@ KERNEL_TESTS = [
 ACCEPTANCE = "tests/integration/engine/test_acceptance_smollm2.py"
 # the real model's acceptance on each path: float32 token for token where float32 has its own
 # kernels (AVX2), the bf16 smoke where the bf16 GEMM and attention are the kind's own (AVX2: bf16
-# weights widened in registers; AVX-512 BF16: vdpbf16ps)
+# weights widened to float32; AVX-512 BF16: vdpbf16ps)
 TESTS = {
     "avx2": [
         *KERNEL_TESTS,

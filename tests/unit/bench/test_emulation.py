@@ -67,3 +67,34 @@ def test_refuses_a_kind_not_below_the_host(monkeypatch: pytest.MonkeyPatch) -> N
     for kind in not_below:
         with pytest.raises(SystemExit, match="not above it"):
             emulation.emulate(kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "want"),
+    [
+        (None, {"float32": 100.0, "bfloat16": 400.0}),  # this host's own: bf16 measured
+        ("avx512-bf16", {"float32": 100.0, "bfloat16": 100.0}),  # the higher of the two
+        ("avx2", {"float32": 100.0, "bfloat16": 100.0}),  # torch's bf16 scalar: float32's
+    ],
+)
+def test_ceiling_rate_per_played_kind(
+    monkeypatch: pytest.MonkeyPatch, kind: str | None, want: dict[str, float]
+) -> None:
+    import common
+
+    rates = {"float32": 100.0, "bfloat16": 400.0 if kind is None else 50.0}
+    asked: list[str] = []
+
+    def fake_rate(dtype_name: str) -> float:
+        asked.append(dtype_name)
+        return rates[dtype_name]
+
+    monkeypatch.setattr(common, "matmul_gflops", fake_rate)
+    monkeypatch.setattr(common, "host_kind", lambda: "amx")
+    if kind is None:
+        monkeypatch.delenv(emulation.VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(emulation.VARIABLE, kind)
+    assert {d: common.ceiling_gflops(d) for d in want} == want
+    if kind == "avx2":
+        assert "bfloat16" not in asked  # minutes of scalar matmul, never measured

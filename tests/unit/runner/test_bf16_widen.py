@@ -49,33 +49,54 @@ def test_widened_gemm_is_x_times_w_at_every_row_count(n: int, k: int, with_bias:
     weight = (torch.randn(n, k) * 0.05).bfloat16()
     bias = torch.randn(n) if with_bias else None
     packed = bf16_widen.pack(weight)
-    # 1: four streams a unit; more: micro-kernel calls of up to 6 rows, blocks of 96 rows
+    # 1: four streams a unit; more: micro-kernel calls of up to 6 rows (12 where the kernels
+    # have AVX-512), blocks of 96 rows
     for rows in (1, 2, 5, 6, 7, 13, 32, 64, 65, 96, 97, 130, 200):
         x = torch.randn(rows, k).bfloat16()
         assert_within_bf16(bf16_widen.linear(x, packed, n, bias), x, weight, bias)
 
 
-@pytest.mark.parametrize(("n", "k"), [(37, 40), (200, 576), (64, 1536)])
-def test_rows_past_one_are_the_float32_gemm_on_the_widened_weight(n: int, k: int) -> None:
-    """Past one row the kernel widens each chunk of panels once and runs the float32 GEMM's
-    micro-kernels over it: the same sums in the same order as that GEMM on the float32 weight,
-    so the same bits once rounded (bias included)."""
+SHAPES = [(37, 40), (37, 41), (50, 333), (200, 576), (64, 1536)]  # odd K: odd chunks
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_rows_are_the_float32_gemm_on_the_widened_weight(n: int, k: int, with_bias: bool) -> None:
+    """The kernel's sums are the float32 GEMM's on the float32 weight, in its K chunks and
+    order: past one row it runs that GEMM's micro-kernels over chunks widened once, one row
+    sums the same chunks in registers. So the same bits once rounded."""
     torch.manual_seed(n + k)
     ops = torch.ops.modelyard_kernels
-    weight, bias = (torch.randn(n, k) * 0.05).bfloat16(), torch.randn(n)
+    weight = (torch.randn(n, k) * 0.05).bfloat16()
+    bias = torch.randn(n) if with_bias else None
     packed, packed32 = bf16_widen.pack(weight), ops.pack_weight(weight.float())
-    for rows in (2, 7, 32, 97):
+    for rows in (1, 2, 7, 32, 97):
         x = torch.randn(rows, k).bfloat16()
         want = ops.packed_linear(x.float(), packed32, n, bias).to(torch.bfloat16)
-        assert torch.equal(bf16_widen.linear(x, packed, n, bias), want)
+        assert torch.equal(bf16_widen.linear(x, packed, n, bias), want), rows
 
 
-def test_non_finite_inputs_stay_non_finite() -> None:
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(n: int, k: int) -> None:
+    """A request decoding alone (one row: the one-row kernel) gets the bits it gets in a batch
+    (the widened GEMM)."""
+    torch.manual_seed(n * k + 1)
+    packed = bf16_widen.pack((torch.randn(n, k) * 0.05).bfloat16())
+    x = torch.randn(9, k).bfloat16()
+    batch = bf16_widen.linear(x, packed, n, None)
+    for r in range(9):
+        assert torch.equal(bf16_widen.linear(x[r : r + 1], packed, n, None), batch[r : r + 1])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_non_finite_inputs_stay_non_finite(rows: int) -> None:
     weight = torch.ones(16, 8).bfloat16()
-    x = torch.ones(1, 8).bfloat16()
-    x[0, 3] = float("inf")
+    x = torch.ones(rows, 8).bfloat16()
+    x[:, 3] = float("inf")
+    x[rows - 1, 5] = float("nan")
     y = bf16_widen.linear(x, bf16_widen.pack(weight), 16, None)
-    assert bool(torch.isinf(y).all())
+    assert bool(torch.isinf(y[: rows - 1]).all())
+    assert bool(torch.isnan(y[rows - 1]).all())
 
 
 def _config(**kw: str) -> KernelConfig:

@@ -16,6 +16,10 @@
 // A single row (a decode step of one request) is bound by the weight stream alone: it takes
 // four adjacent panels at a time, each its own stream with a software prefetch 2 KiB ahead,
 // which reads the weights ~12 % faster than two streams left to the hardware prefetchers.
+// The same GEMM serves bf16 weights where the kernels have no AVX-512 (runner.bf16_widen, more
+// than one row; widened_linear): the panels hold bf16, the first micro-kernel call on each chunk
+// widens it (exact) into an L1 buffer the calls for the other rows read, and y is rounded to
+// bf16: the float32 GEMM's sums from half the bytes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -26,6 +30,7 @@
 
 #include "claim.h"
 #include "ops.h"
+#include "panels.h"
 #include "vec.h"
 
 using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
@@ -36,11 +41,11 @@ using modelyard::exp8;
 using modelyard::splat;
 using modelyard::v8;
 
-constexpr int64_t kNR = 16;   // output columns per panel (two 8-float vectors, or one 16-float)
-constexpr int64_t kKC = 320;  // k per cache block, at most (a 20 KiB panel chunk)
-constexpr int64_t kMC = 96;   // rows of x per cache block (prefill sizes)
-// A single row streams its panels from memory: each stream prefetches into L2 this many floats
-// (2 KiB) ahead of its loads (kernel_ab: 1 and 4 KiB were no faster, the prefetchers alone 8-12 %
+using modelyard::kKC;  // k per cache block, at most (a 20 KiB panel chunk)
+using modelyard::kNR;  // output columns per panel (two 8-float vectors, or one 16-float)
+constexpr int64_t kMC = 96;  // rows of x per cache block (prefill sizes)
+// A single row streams its panels from memory: each stream prefetches into L2 this many weights
+// (2 KiB of float32) ahead of its loads (kernel_ab: 1 and 4 KiB were no faster, the prefetchers alone 8-12 %
 // slower)
 constexpr int64_t kAhead = 512;
 
@@ -76,8 +81,8 @@ inline vec load_vec(const uint16_t* p) {
 }
 
 // The panels a micro-kernel call reads: NP of them, `stride` elements apart. W float32, or bf16
-// bits, which the call widens as it goes and also writes, widened, to `wide` (the chunk's float32
-// copy, wide_stride floats between panels) for the row blocks after it.
+// bits, which the call widens as it goes and, where `wide` is set, also writes, widened, to
+// `wide` (the chunk's float32 copy, wide_stride floats between panels) for the calls after it.
 template <typename W>
 struct Panels {
   const W* at;
@@ -120,8 +125,8 @@ inline void store_row(const vec (&acc)[kVecs], bool first, const float* bias, fl
 // broadcast memory operand off one pointer, rather than a load and a shuffle off MR row pointers,
 // which on Intel cores runs on an FMA port and halves the FMA rate): the
 // first K chunk stores, later ones add to y; the last adds the bias. With PF == kChunkAhead, one
-// 64-byte line from pf on is prefetched every `pf_every` steps of k; with kStreamAhead each
-// panel's line kAhead floats ahead, into L2 (PF is a compile-time switch: a test in the loop
+// 64-byte line from pf.at on is prefetched every pf.every steps of k; with kStreamAhead each
+// panel's line kAhead elements ahead, into L2 (PF is a compile-time switch: a test in the loop
 // costs ~10 % at prefill sizes).
 enum Prefetch { kNone, kChunkAhead, kStreamAhead };
 
@@ -160,8 +165,10 @@ inline void micro(const float* x, Panels<W> panel, int64_t k_len, bool first, co
       const W* row = panel.at + p * panel.stride + k * kNR;
       for (int h = 0; h < kVecs; ++h) b[p][h] = load_vec(row + h * kLanes);
       if constexpr (std::is_same_v<W, uint16_t>) {
-        float* wide = panel.wide + p * panel.wide_stride + k * kNR;
-        for (int h = 0; h < kVecs; ++h) *reinterpret_cast<vec*>(wide + h * kLanes) = b[p][h];
+        if (panel.wide != nullptr) {
+          float* wide = panel.wide + p * panel.wide_stride + k * kNR;
+          for (int h = 0; h < kVecs; ++h) *reinterpret_cast<vec*>(wide + h * kLanes) = b[p][h];
+        }
       }
     }
 #pragma GCC unroll 12
@@ -268,9 +275,9 @@ void row_call(const float* xb, int64_t rows, int64_t k_total, int64_t k0, Panels
 
 // The rows of a block (x packed by pack_rows, its k0 .. k0 + k_len chunk) times NP panel chunks
 // into `to`. bf16 panels are widened by the first call, into panel.wide, and read from there by
-// the calls after it. With next.at, the L = k_len / k_per_line lines of each of
-// the next chunk's panels are prefetched, spread evenly over all the calls: call c of C takes
-// lines [c L / C, (c + 1) L / C), one every C k_per_line steps of k.
+// the calls after it. With next.at, the L = k_len / k_per_line lines of each of the next
+// chunk's panels are prefetched, spread evenly over all the calls: call c of C takes lines
+// [c L / C, (c + 1) L / C), one every C k_per_line steps of k.
 template <int NP, typename W>
 void row_blocks(const float* xb, int64_t rows, int64_t k_total, int64_t k0, Panels<W> panels,
                 int64_t k_len, bool first, const Target* to, NextChunk next) {
@@ -280,6 +287,7 @@ void row_blocks(const float* xb, int64_t rows, int64_t k_total, int64_t k0, Pane
         const Panels<float> wide{panels.wide, panels.wide_stride};
         return row_call<NP>(xb, rows, k_total, k0, wide, k_len, first, to, next, c, calls, i, r);
       }
+      if (calls == 1) panels.wide = nullptr;  // no call after this one: nothing to leave
     }
     row_call<NP>(xb, rows, k_total, k0, panels, k_len, first, to, next, c, calls, i, r);
   });
@@ -327,23 +335,23 @@ void round_tile(const float* tile, const float* bias, int64_t rows, at::BFloat16
 template <typename W>
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const float* bp,
                 bool swiglu) {
-  constexpr bool kWide = std::is_same_v<W, float>;
+  constexpr bool kFloat32 = std::is_same_v<W, float>;
   const int64_t per = swiglu ? 2 : 1;  // panels per 16 output columns
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "packed_linear: contiguous float32 (M, K) input");
-  TORCH_CHECK(packed.scalar_type() == (kWide ? at::kFloat : at::kBFloat16) && packed.dim() == 3 &&
+  TORCH_CHECK(packed.scalar_type() == (kFloat32 ? at::kFloat : at::kBFloat16) && packed.dim() == 3 &&
                   packed.is_contiguous() && packed.size(2) == kNR && packed.size(0) % per == 0,
               "packed_linear: weight not from pack_weight / pack_swiglu");
   const int64_t m = x.size(0), k_len = x.size(1), blocks = packed.size(0) / per;
-  TORCH_CHECK(packed.size(1) == k_len && n > (blocks - 1) * kNR && n <= blocks * kNR,
+  TORCH_CHECK(packed.size(1) == k_len && k_len > 0 && n > (blocks - 1) * kNR && n <= blocks * kNR,
               "packed_linear: shapes do not match");
-  auto y = at::empty({m, n}, x.options().dtype(kWide ? at::kFloat : at::kBFloat16));
+  TORCH_CHECK(kFloat32 || !swiglu, "packed_swiglu: float32 weights only");
+  auto y = at::empty({m, n}, x.options().dtype(kFloat32 ? at::kFloat : at::kBFloat16));
   if (m == 0) return y;
   const float* xp = x.data_ptr<float>();
   const W* wp = static_cast<const W*>(packed.data_ptr());
-  float* yp = kWide ? y.data_ptr<float>() : nullptr;
-  // K in near-equal chunks of at most kKC (576 -> 2 x 288, not 256 + 256 + 64)
-  const int64_t k_chunk = (k_len + (k_len + kKC - 1) / kKC - 1) / ((k_len + kKC - 1) / kKC);
+  float* yp = kFloat32 ? y.data_ptr<float>() : nullptr;
+  const int64_t k_chunk = modelyard::k_chunk(k_len);
   const bool prefetch = m > 1 && m <= kMC;
   // Units of work are (block of x rows, group of 16-column blocks), x-row-block-major, claimed
   // by the threads in turn (claim.h): a few blocks each, so the last claims stay short (four
@@ -378,13 +386,16 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
         }
         const NextChunk ahead{reinterpret_cast<const char*>(next), k_len * kNR * int64_t{sizeof(W)},
                               int64_t{64 / (kNR * sizeof(W))}};
-        alignas(64) thread_local float wide[kWide ? 1 : 4 * kKC * kNR];  // (bf16: Panels)
-        const Panels<W> from{chunk, k_len * kNR, wide, kc * kNR};
+        // bf16: the chunk of the one panel (np 1) widened by the first row call (Panels)
+        alignas(64) thread_local float wide[kFloat32 ? 1 : kKC * kNR];
+        const Panels<W> from{chunk, k_len * kNR, kFloat32 ? nullptr : wide, kc * kNR};
         Target chunk_to[4];
         for (int i = 0; i < np; ++i) {
           chunk_to[i] = {to[i].y, to[i].ldy, to[i].ncols, last ? to[i].bias : nullptr};
         }
-        if (np == 4) {
+        if constexpr (!kFloat32) {
+          row_blocks<1>(xb, rows, k_len, k0, from, kc, k0 == 0, chunk_to, ahead);
+        } else if (np == 4) {
           row_blocks<4>(xb, rows, k_len, k0, from, kc, k0 == 0, chunk_to, ahead);
         } else if (kPairs && np == 2) {
           row_blocks<2>(xb, rows, k_len, k0, from, kc, k0 == 0, chunk_to, ahead);
@@ -400,7 +411,7 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
     };
     alignas(64) thread_local float gate2[kNR], up2[kNR];
     for (int64_t q = begin; q < end;) {
-      if constexpr (!kWide) {  // bf16 out: the block into a tile, then rounded
+      if constexpr (!kFloat32) {  // bf16 out: the block into a tile, then rounded
         const int64_t col = q * kNR, ncols = std::min(kNR, n - col);
         const Target to[1] = {{gate, kNR, kNR, nullptr}};  // (gate: no swiglu here)
         panels(q, 1, to);

@@ -1,7 +1,9 @@
 // y = x (W_q * s)^T (+ b) with int8 weights and a float32 scale per output column (weight-only
 // int8, an opt-in of the runner: MODELYARD_WEIGHTS=int8), and y = x W^T (+ b) with bf16 weights
-// (the bf16 GEMM of hosts without AVX-512 BF16: widened exactly, summed in float32) for one row;
-// more rows of bf16 run gemm.cpp's float32 micro-kernels over chunks widened once (widened_linear).
+// (the bf16 GEMM of hosts without AVX-512: widened exactly, summed in float32) for one row;
+// calls of more rows of bf16 run gemm.cpp's float32 GEMM over chunks widened once
+// (widened_linear). A bf16 row sums K in gemm.cpp's chunks (panels.h) either way, so its bits
+// do not depend on the rows beside it.
 //
 // One request decoding (one row of x) is bound by streaming the weights from memory: int8 halves
 // bf16's bytes and quarters float32's. The weight is packed as the float32 GEMM's panels (16
@@ -9,22 +11,25 @@
 // they stream in (vpmovsxbd + vcvtdq2ps), multiplied with x in float32, and each column's sum
 // scaled once at the end. x is float32 or bfloat16 (widened exactly), y has x's dtype (bf16:
 // rounded to nearest even). Work is split by units of panels claimed by the threads in turn
-// (claim.h); the next unit's panels are prefetched while one is computed. Up to kMR rows share
-// each widened weight vector; more rows run as further row blocks over the same (cached) panel.
+// (claim.h); the next unit's panels are prefetched while one is computed. int8: up to kMR rows
+// share each widened weight vector; more rows run as further row blocks over the same (cached)
+// panel.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "claim.h"
 #include "ops.h"
+#include "panels.h"
 #include "vec.h"
 
 using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
 namespace {
 
-constexpr int64_t kNR = 16;  // output columns per panel
+using modelyard::kNR;  // output columns per panel
 constexpr int64_t kMR = 8;   // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
 
@@ -55,23 +60,33 @@ struct Trickle {
   }
 };
 
+inline f16v splat16(float v) { return f16v{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+
+// the k steps one sum runs over before it is added to the row's total: gemm.cpp's chunks for
+// bf16 (panels.h: a row's bits as in a call of more rows), all of K for int8
+template <typename W>
+int64_t sum_chunk(int64_t k_len) {
+  return std::is_same_v<W, uint16_t> ? modelyard::k_chunk(k_len) : k_len;
+}
+
 // rows (<= kMR) of x (float32, ldx apart) times one panel (k_len x 16 weights) -> sums (rows x 16)
 template <int MR, typename W>
 inline void micro(const float* x, int64_t ldx, const W* panel, int64_t k_len, f16v* sums,
                   const char* pf, int64_t pf_every) {
-  f16v acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = f16v{};
   Trickle trickle{pf, pf_every};
-  for (int64_t k = 0; k < k_len; ++k) {
-    trickle.step();
-    const f16v w = widen(panel + k * kNR);
+  const int64_t chunk = sum_chunk<W>(k_len);
+  for (int64_t k0 = 0; k0 < k_len; k0 += chunk) {
+    f16v acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = f16v{};
+    for (int64_t k = k0; k < std::min(k_len, k0 + chunk); ++k) {
+      trickle.step();
+      const f16v w = widen(panel + k * kNR);
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) acc[i] += (f16v{} + x[i * ldx + k]) * w;
+      for (int i = 0; i < MR; ++i) acc[i] += splat16(x[i * ldx + k]) * w;
+    }
+    for (int i = 0; i < MR; ++i) sums[i] = k0 == 0 ? acc[i] : sums[i] + acc[i];
   }
-  for (int i = 0; i < MR; ++i) sums[i] = acc[i];
 }
-
-inline f16v splat16(float v) { return f16v{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
 
 template <int MR, typename W>
 void micro_rows(int rows, const float* x, int64_t ldx, const W* panel, int64_t k_len,
@@ -86,17 +101,22 @@ template <typename W>
 inline void one_row4(const float* x, const W* panel, int64_t pstride, int64_t k_len, f16v* sums) {
   constexpr int64_t kPerLine = 64 / (kNR * sizeof(W));  // k steps per 64-byte line
   constexpr int64_t kAheadK = 2048 / (kNR * sizeof(W));
-  f16v acc[kPanelsPerUnit] = {};
-  for (int64_t k = 0; k < k_len; ++k) {
-    if (k % kPerLine == 0) {
+  const int64_t chunk = sum_chunk<W>(k_len);
+  for (int64_t k0 = 0; k0 < k_len; k0 += chunk) {
+    f16v acc[kPanelsPerUnit] = {};
+    for (int64_t k = k0; k < std::min(k_len, k0 + chunk); ++k) {
+      if (k % kPerLine == 0) {
+        for (int p = 0; p < kPanelsPerUnit; ++p) {
+          __builtin_prefetch(panel + p * pstride + (k + kAheadK) * kNR, 0, 2);
+        }
+      }
+      const f16v xk = splat16(x[k]);
       for (int p = 0; p < kPanelsPerUnit; ++p) {
-        __builtin_prefetch(panel + p * pstride + (k + kAheadK) * kNR, 0, 2);
+        acc[p] += xk * widen(panel + p * pstride + k * kNR);
       }
     }
-    const f16v xk = splat16(x[k]);
-    for (int p = 0; p < kPanelsPerUnit; ++p) acc[p] += xk * widen(panel + p * pstride + k * kNR);
+    for (int p = 0; p < kPanelsPerUnit; ++p) sums[p] = k0 == 0 ? acc[p] : sums[p] + acc[p];
   }
-  for (int p = 0; p < kPanelsPerUnit; ++p) sums[p] = acc[p];
 }
 
 template <typename T>
@@ -104,7 +124,8 @@ void store_row(T* out, const f16v& sum, const float* scale, const float* bias, i
   alignas(64) float row[kNR];
   *reinterpret_cast<f16v*>(row) = sum;
   for (int64_t c = 0; c < cols; ++c) {
-    const float v = (scale != nullptr ? row[c] * scale[c] : row[c]) + (bias ? bias[c] : 0.f);
+    float v = scale != nullptr ? row[c] * scale[c] : row[c];
+    if (bias != nullptr) v += bias[c];
     out[c] = static_cast<T>(v);  // bf16: c10's round-to-nearest-even
   }
 }
@@ -142,8 +163,7 @@ void gemm(const float* xp, int64_t m, int64_t k, const at::Tensor& packed, const
       for (int64_t i = 0; i < m; i += kMR) {
         const int rows = static_cast<int>(std::min(kMR, m - i));
         f16v sums[kMR];
-        micro_rows<kMR, W>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr,
-                                every);
+        micro_rows<kMR, W>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr, every);
         for (int r = 0; r < rows; ++r) {
           store_row(yp + (i + r) * n + col, sums[r], scale ? scale + col : nullptr,
                     bias ? bias + col : nullptr, cols);

@@ -31,7 +31,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
                          const c10::optional<at::Tensor>& bias);
 at::Tensor pack_swiglu(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor packed_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t n);
-// (not an op: gemm_int8.cpp's packed_linear_bf16w runs its rows past the first through it)
+// (not an op: gemm_int8.cpp's packed_linear_bf16w runs its calls of more than one row here)
 at::Tensor widened_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                           const float* bias);
 
