@@ -22,6 +22,7 @@ import httpx
 import pytest
 from e2e_server import ServerProcess, free_port, stop_server
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -115,8 +116,12 @@ def chromium() -> Iterator[WebDriver]:
 
 
 def wait(driver: WebDriver, condition: Callable[[WebDriver], T], timeout: float, what: str) -> T:
-    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` s."""
-    waiter: WebDriverWait[WebDriver] = WebDriverWait(driver, timeout, poll_frequency=0.2)
+    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` s.
+    An element the page re-rendered between finding and reading it (the dashboard redraws its
+    cards every poll) counts as not yet: the next poll finds the new one."""
+    waiter: WebDriverWait[WebDriver] = WebDriverWait(
+        driver, timeout, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]
+    )
     result: T = waiter.until(condition, message=f"timed out after {timeout} s waiting for {what}")
     return result
 

@@ -274,14 +274,18 @@ def test_dashboard_lists_pinned_prefixes(server: ServerProcess, browser: WebDriv
     body = {"model": CHAT_MODEL, "text": knowledge, "ttl_s": 600}
     pin = httpx.post(server.url + "/v1/prefixes", json=body, timeout=120).json()
     row = f'#kv-list tr[data-prefix="{pin["id"]}"]'
-    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 20, "the pin in the KV card")
-    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, f"{row} td")]
+    cells = wait(
+        browser,
+        lambda d: [c.text for c in d.find_elements(By.CSS_SELECTOR, f"{row} td")],
+        20,
+        "the pin in the KV card",
+    )
     assert cells[1:3] == [str(pin["num_tokens"]), str(pin["num_blocks"])]
     prompt = {"model": CHAT_MODEL, "prompt": " Summary:", "max_tokens": 4, "prefix_id": pin["id"]}
     assert httpx.post(server.url + "/v1/completions", json=prompt, timeout=120).is_success
     wait(
         browser,
-        lambda d: d.find_elements(By.CSS_SELECTOR, f"{row} td")[3].text == "1",
+        lambda d: [c.text for c in d.find_elements(By.CSS_SELECTOR, f"{row} td")][3:4] == ["1"],
         20,
         "the pin's hit",
     )
