@@ -30,7 +30,7 @@ using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h
 namespace {
 
 using modelyard::kNR;  // output columns per panel
-constexpr int64_t kMR = 8;   // rows of x per micro-kernel call
+constexpr int64_t kMR = 8;  // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
 
 typedef float f16v __attribute__((vector_size(64), aligned(4)));
