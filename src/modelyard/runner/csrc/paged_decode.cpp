@@ -64,30 +64,60 @@ inline void hsum4(v8 a, v8 b, v8 c, v8 d, float* s) {
 #endif
 }
 
+// The widest vector of the build for the float32 loops below: 16 floats with AVX-512 (half the
+// instructions of 8), folded to 8 for the horizontal sums
+#if defined(__AVX512F__)
+using wide = modelyard::v16;
+inline v8 fold(wide x) {
+  return __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+#else
+using wide = v8;
+inline v8 fold(wide x) { return x; }
+#endif
+constexpr int64_t kWide = sizeof(wide) / sizeof(float);
+
 // Scores of the g query rows q (g, hd) against n consecutive key rows k (n, hd), scaled, into
 // s[j * stride + t]. Four keys at a time per query row: four independent accumulators, one
-// load of each key chunk per query row, and one horizontal reduction for the four.
-inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, int64_t hd,
-                         float scale, float* s, int64_t stride) {
-  const int64_t chunks = hd / 8;
-  int64_t t = 0;
-  for (; t + 4 <= n; t += 4) {
+// load of each key chunk per query row, and one horizontal reduction for the four. V: the
+// vector of the chunks (hd a multiple of its width).
+template <typename V>
+inline void scores_by_four(const float* q, const float* k, int64_t n, int64_t g, int64_t hd,
+                           float scale, float* s, int64_t stride) {
+  constexpr int64_t w = sizeof(V) / sizeof(float);
+  for (int64_t t = 0; t + 4 <= n; t += 4) {
     const float* k0 = k + t * hd;
     for (int64_t j = 0; j < g; ++j) {
       const float* qj = q + j * hd;
-      v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-      for (int64_t c = 0; c < chunks; ++c) {
-        const v8 qc = *reinterpret_cast<const v8*>(qj + c * 8);
-        a0 += qc * *reinterpret_cast<const v8*>(k0 + c * 8);
-        a1 += qc * *reinterpret_cast<const v8*>(k0 + hd + c * 8);
-        a2 += qc * *reinterpret_cast<const v8*>(k0 + 2 * hd + c * 8);
-        a3 += qc * *reinterpret_cast<const v8*>(k0 + 3 * hd + c * 8);
+      V a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      for (int64_t c = 0; c < hd; c += w) {
+        const V qc = *reinterpret_cast<const V*>(qj + c);
+        a0 += qc * *reinterpret_cast<const V*>(k0 + c);
+        a1 += qc * *reinterpret_cast<const V*>(k0 + hd + c);
+        a2 += qc * *reinterpret_cast<const V*>(k0 + 2 * hd + c);
+        a3 += qc * *reinterpret_cast<const V*>(k0 + 3 * hd + c);
       }
       float* out = s + j * stride + t;
-      hsum4(a0, a1, a2, a3, out);
+      if constexpr (w == 8) {
+        hsum4(a0, a1, a2, a3, out);
+      } else {
+        hsum4(fold(a0), fold(a1), fold(a2), fold(a3), out);
+      }
       for (int i = 0; i < 4; ++i) out[i] *= scale;
     }
   }
+}
+
+inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, int64_t hd,
+                         float scale, float* s, int64_t stride) {
+  const int64_t chunks = hd / 8;
+  if (hd % kWide == 0) {
+    scores_by_four<wide>(q, k, n, g, hd, scale, s, stride);
+  } else {
+    scores_by_four<v8>(q, k, n, g, hd, scale, s, stride);
+  }
+  int64_t t = n / 4 * 4;
   for (; t < n; ++t) {
     const float* key = k + t * hd;
     for (int64_t j = 0; j < g; ++j) {
@@ -102,23 +132,24 @@ inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, i
 }
 
 // out (g, hd) += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, hd).
-// 32 columns (four 8-float chunks) of one query row at a time, summed in registers over the n
-// rows: four independent chains, one broadcast weight per row; then any last 8-column chunks.
+// Four `wide` vectors of columns (64 with AVX-512, else 32) of one query row at a time, summed
+// in registers over the n rows: four independent chains, one broadcast weight per row; then any
+// last 8-column chunks. Each column sums its rows in order whatever the width: the same bits.
 inline void block_values(const float* p, const float* v, int64_t n, int64_t g, int64_t hd,
                          int64_t stride, float* out) {
   for (int64_t j = 0; j < g; ++j) {
     const float* w = p + j * stride;
     int64_t c = 0;
-    for (; c + 32 <= hd; c += 32) {
-      v8* o = reinterpret_cast<v8*>(out + j * hd + c);
-      v8 a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3];
+    for (; c + 4 * kWide <= hd; c += 4 * kWide) {
+      wide* o = reinterpret_cast<wide*>(out + j * hd + c);
+      wide a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3];
       for (int64_t t = 0; t < n; ++t) {
-        const v8 wt = splat(w[t]);
+        const wide wt = w[t] + wide{};
         const float* row = v + t * hd + c;
-        a0 += wt * *reinterpret_cast<const v8*>(row);
-        a1 += wt * *reinterpret_cast<const v8*>(row + 8);
-        a2 += wt * *reinterpret_cast<const v8*>(row + 16);
-        a3 += wt * *reinterpret_cast<const v8*>(row + 24);
+        a0 += wt * *reinterpret_cast<const wide*>(row);
+        a1 += wt * *reinterpret_cast<const wide*>(row + kWide);
+        a2 += wt * *reinterpret_cast<const wide*>(row + 2 * kWide);
+        a3 += wt * *reinterpret_cast<const wide*>(row + 3 * kWide);
       }
       o[0] = a0, o[1] = a1, o[2] = a2, o[3] = a3;
     }
