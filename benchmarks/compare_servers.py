@@ -199,7 +199,11 @@ def main() -> None:
     parser.add_argument(
         "--servers", nargs="+", default=["modelyard", "vllm", "llamacpp", "transformers"]
     )
-    parser.add_argument("--out", default=None, help="default results/<host-kind>/compare_servers")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder of the reports and summary.json (default results/KIND/compare_servers_DTYPE)",
+    )
     emulation.add_argument(parser)
     args = parser.parse_args()
     emulation.emulate(args.emulate)
@@ -232,7 +236,11 @@ def main() -> None:
         .strip(),
         "servers": servers,
     }
-    print("wrote", write_json(tag, payload))
+    # beside the reports it sums up, so runs with their own --out never overwrite each other's
+    (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True))
+    print("wrote", out / "summary.json")
+    if not args.out:
+        print("wrote", write_json(tag, payload))
 
 
 if __name__ == "__main__":
