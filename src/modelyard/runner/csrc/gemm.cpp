@@ -356,8 +356,11 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
   // Units of work are (block of x rows, group of 16-column blocks), x-row-block-major, claimed
   // by the threads in turn (claim.h): a few blocks each, so the last claims stay short (four
   // for a single row, which streams four panels at once).
+  // Where the micro-kernel takes panels in pairs, a group of an odd count (qkv's 60 blocks on two
+  // threads: 3) would leave one in three panels to a call of half the accumulators: even counts.
   const int64_t threads = at::get_num_threads();
-  const int64_t group = m == 1 ? 4 : std::clamp<int64_t>(blocks / (8 * threads), 1, 4);
+  int64_t group = m == 1 ? 4 : std::clamp<int64_t>(blocks / (8 * threads), 1, 4);
+  if (kPairs && !swiglu && m > 1 && blocks > 1) group = std::max<int64_t>(2, group / 2 * 2);
   const int64_t groups = (blocks + group - 1) / group, units = (m + kMC - 1) / kMC * groups;
   const uint64_t call = gemm_calls.fetch_add(1, std::memory_order_relaxed) + 1;
   modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
