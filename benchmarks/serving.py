@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
 import statistics
@@ -114,16 +115,12 @@ def process_groups(server: subprocess.Popen[bytes]) -> dict[str, Groups]:
 async def start_inprocess(dtype: str) -> Any:
     """AsyncLLM with the default catalog entry's engine settings (those `modelyard serve` uses)."""
     from modelyard.engine.async_llm import AsyncLLM
-    from modelyard.engine.config import EngineConfig, ModelConfig
     from modelyard.manager.catalog import load_catalog
     from modelyard.manager.loaders import engine_config_for
 
     config = engine_config_for(load_catalog(None).resolve(MODEL_ID))
-    config = EngineConfig(
-        model=ModelConfig(**{**config.model.__dict__, "dtype": dtype}),
-        cache=config.cache,
-        scheduler=config.scheduler,
-    )
+    # every section the server has (speculative decoding and admission included), in this dtype
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
     return await AsyncLLM.start(config, model_name=MODEL_ID)
 
 
