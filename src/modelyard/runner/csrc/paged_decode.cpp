@@ -66,6 +66,7 @@ inline void hsum4(v8 a, v8 b, v8 c, v8 d, float* s) {
 
 // The widest vector of the build for the float32 loops below: 16 floats with AVX-512 (half the
 // instructions of 8), folded to 8 for the horizontal sums
+inline v8 fold(v8 x) { return x; }
 #if defined(__AVX512F__)
 using wide = modelyard::v16;
 inline v8 fold(wide x) {
@@ -74,7 +75,6 @@ inline v8 fold(wide x) {
 }
 #else
 using wide = v8;
-inline v8 fold(wide x) { return x; }
 #endif
 constexpr int64_t kWide = sizeof(wide) / sizeof(float);
 
@@ -99,11 +99,7 @@ inline void scores_by_four(const float* q, const float* k, int64_t n, int64_t g,
         a3 += qc * *reinterpret_cast<const V*>(k0 + 3 * hd + c);
       }
       float* out = s + j * stride + t;
-      if constexpr (w == 8) {
-        hsum4(a0, a1, a2, a3, out);
-      } else {
-        hsum4(fold(a0), fold(a1), fold(a2), fold(a3), out);
-      }
+      hsum4(fold(a0), fold(a1), fold(a2), fold(a3), out);
       for (int i = 0; i < 4; ++i) out[i] *= scale;
     }
   }
