@@ -14,7 +14,8 @@ in the engine:
   blocks are consecutive, and its later blocks are interleaved with the other requests' blocks.
 - **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32 rows: the fused q/k/v, o, the down
   projection over 30 layers' weights, and the lm_head.
-- **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up.
+- **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up; and at a
+  prefill step's 2048 rows (4 layers' weights).
 - **The bf16 GEMM of hosts without AVX-512** (bf16 panels widened to float32) at 32 rows and 1.
 - **The AMX GEMMs** (AMX hosts) over one decode step's bf16 weights in the engine's order, at
   32 rows and at 1 row.
@@ -53,6 +54,7 @@ from common import machine_info, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = "src/modelyard/runner/csrc"
+PREFILL_ROWS = 2048  # a prefill step's rows (max_num_batched_tokens)
 LAYERS, KV_HEADS, HEAD_DIM, HEADS, REQUESTS, BLOCK, KEYS = 30, 3, 64, 9, 32, 16, 191
 
 
@@ -162,14 +164,16 @@ def gemm_cases() -> dict[str, Callable[[Any], torch.Tensor]]:
     return cases
 
 
-def fp32_gemm_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
-    """The float32 GEMM at `rows` rows over 30 layers' weights, and the lm_head (113 MB), and
-    SwiGLU's gate/up."""
+def fp32_gemm_cases(rows: int, layers: int = LAYERS) -> dict[str, Callable[[Any], torch.Tensor]]:
+    """The float32 GEMM at `rows` rows over `layers` layers' weights, and SwiGLU's gate/up; at
+    decode sizes also the lm_head (113 MB)."""
     torch.manual_seed(2)
-    shapes = {"qkv": (960, 576), "o": (576, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+    shapes = {"qkv": (960, 576), "o": (576, 576), "down": (576, 1536)}
+    if rows <= REQUESTS:
+        shapes["lm_head"] = (49152, 576)
     cases: dict[str, Callable[[Any], torch.Tensor]] = {}
     for name, (n, k) in shapes.items():
-        weights = [torch.randn(n, k) for _ in range(1 if name == "lm_head" else LAYERS)]
+        weights = [torch.randn(n, k) for _ in range(1 if name == "lm_head" else layers)]
         x = torch.randn(rows, k)
         packed: dict[int, list[torch.Tensor]] = {}
 
@@ -180,7 +184,7 @@ def fp32_gemm_cases(rows: int) -> dict[str, Callable[[Any], torch.Tensor]]:
             return torch.stack([ops.packed_linear(x, p, n, None) for p in packed[id(ops)]])
 
         cases[f"gemm_fp32_{name}_m{rows}"] = run
-    gates = [(torch.randn(1536, 576), torch.randn(1536, 576)) for _ in range(LAYERS)]
+    gates = [(torch.randn(1536, 576), torch.randn(1536, 576)) for _ in range(layers)]
     xs = torch.randn(rows, 576)
     swiglu: dict[int, list[torch.Tensor]] = {}
 
@@ -277,6 +281,7 @@ def main() -> None:
             cases.update(amx_cases(1))
         cases.update(fp32_gemm_cases(REQUESTS))
         cases.update(fp32_gemm_cases(1))
+        cases.update(fp32_gemm_cases(PREFILL_ROWS, layers=4))
         if all(hasattr(b, "packed_linear_bf16w") for b in builds.values()):
             cases.update(bf16w_cases(REQUESTS))
             cases.update(bf16w_cases(1))
