@@ -12,8 +12,8 @@ in the engine:
 - **Decode attention**: 30 layers × 32 requests × 191 keys, float32 and bfloat16, with blocks
   laid out in order, scattered at random, or as the engine lays them. A request's prompt
   blocks are consecutive, and its later blocks are interleaved with the other requests' blocks.
-- **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32 rows: the fused q/k/v, o, the down
-  projection over 30 layers' weights, and the lm_head.
+- **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32, 8 and 1 rows: the fused q/k/v, o, the
+  down projection over 30 layers' weights, and the lm_head.
 - **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up; and at a
   prefill step's 2048 rows (4 layers' weights).
 - **The bf16 GEMM of hosts without AVX-512** (bf16 panels widened to float32) at 32 rows and 1.
@@ -142,15 +142,15 @@ def attention_cases(dtype: torch.dtype) -> dict[str, Callable[[Any], torch.Tenso
     return {f"attention_{name}_{lay}": case(t) for lay, t in block_layouts().items()}
 
 
-def gemm_cases() -> dict[str, Callable[[Any], torch.Tensor]]:
-    """The bf16 GEMM at 32 rows over 30 layers' weights (packed by each build itself)."""
+def gemm_cases(rows: int = REQUESTS) -> dict[str, Callable[[Any], torch.Tensor]]:
+    """The bf16 GEMM at `rows` rows over 30 layers' weights (packed by each build itself)."""
     torch.manual_seed(1)
     shapes = {"qkv": (960, 576, LAYERS), "o": (576, 576, LAYERS), "down": (576, 1536, LAYERS)}
     shapes["lm_head"] = (49152, 576, 1)
     cases: dict[str, Callable[[Any], torch.Tensor]] = {}
     for name, (n, k, count) in shapes.items():
         weights = [torch.randn(n, k).bfloat16() for _ in range(count)]
-        x = torch.randn(REQUESTS, k).bfloat16()
+        x = torch.randn(rows, k).bfloat16()
         packed: dict[int, list[torch.Tensor]] = {}
 
         def run(ops: Any, n: int = n, x: torch.Tensor = x, weights: list[torch.Tensor] = weights,
@@ -160,7 +160,7 @@ def gemm_cases() -> dict[str, Callable[[Any], torch.Tensor]]:
             mine = packed[id(ops)]
             return torch.stack([ops.packed_linear_bf16(x, p, n) for p in mine])
 
-        cases[f"gemm_bf16_{name}"] = run
+        cases[f"gemm_bf16_{name}" + ("" if rows == REQUESTS else f"_m{rows}")] = run
     return cases
 
 
@@ -276,6 +276,8 @@ def main() -> None:
         cases = {**attention_cases(torch.float32), **attention_cases(torch.bfloat16)}
         if all(_has_bf16_gemm(b) for b in builds.values()):
             cases.update(gemm_cases())
+            cases.update(gemm_cases(8))  # a speculative verify step's rows, or 8 requests
+            cases.update(gemm_cases(1))
         if all(_has_amx(b) for b in builds.values()):
             cases.update(amx_cases(REQUESTS))
             cases.update(amx_cases(1))
