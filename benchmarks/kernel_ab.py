@@ -21,8 +21,10 @@ in the engine:
   32 rows and at 1 row.
 
 It reports medians and quartiles per case and build. Each result is also compared bit for bit
-with the base build's. Both builds run on ATen's threads: the decode step's helper thread is
-per library, so using it for one build alone would be unfair.
+with the base build's. Both builds run on ATen's threads, or with `--team` each inside its own
+decode-step team (the helper thread is per library; each build's spins during its own run only),
+as the engine's decode steps run: without it every parallel call also waits for OpenMP's
+passive thread to wake (~30 us), which the engine does not.
 
     .venv/bin/python benchmarks/kernel_ab.py --base HEAD~1            # HEAD~1 vs working tree
     .venv/bin/python benchmarks/kernel_ab.py --base a908cda~1 --head a908cda --rounds 15
@@ -143,7 +145,8 @@ def attention_cases(dtype: torch.dtype) -> dict[str, Callable[[Any], torch.Tenso
 
 
 def gemm_cases(rows: int = REQUESTS) -> dict[str, Callable[[Any], torch.Tensor]]:
-    """The bf16 GEMM at `rows` rows over 30 layers' weights (packed by each build itself)."""
+    """The bf16 GEMM at `rows` rows over 30 layers' weights (packed by each build itself), and
+    SwiGLU's fused gate/up."""
     torch.manual_seed(1)
     shapes = {"qkv": (960, 576, LAYERS), "o": (576, 576, LAYERS), "down": (576, 1536, LAYERS)}
     shapes["lm_head"] = (49152, 576, 1)
@@ -161,6 +164,17 @@ def gemm_cases(rows: int = REQUESTS) -> dict[str, Callable[[Any], torch.Tensor]]
             return torch.stack([ops.packed_linear_bf16(x, p, n) for p in mine])
 
         cases[f"gemm_bf16_{name}" + ("" if rows == REQUESTS else f"_m{rows}")] = run
+    gates = [(torch.randn(1536, 576).bfloat16(), torch.randn(1536, 576).bfloat16())
+             for _ in range(LAYERS)]  # fmt: skip
+    xs = torch.randn(rows, 576).bfloat16()
+    swiglu: dict[int, list[torch.Tensor]] = {}
+
+    def run_swiglu(ops: Any) -> torch.Tensor:
+        if id(ops) not in swiglu:
+            swiglu[id(ops)] = [ops.pack_swiglu_bf16(g, u) for g, u in gates]
+        return torch.stack([ops.packed_swiglu_bf16(xs, p, 1536) for p in swiglu[id(ops)]])
+
+    cases["swiglu_bf16" + ("" if rows == REQUESTS else f"_m{rows}")] = run_swiglu
     return cases
 
 
@@ -260,6 +274,17 @@ def _has_bf16_gemm(ops: Any) -> bool:
         return False
 
 
+def timed_run(run: Callable[[Any], torch.Tensor], ops: Any, *, team: bool) -> torch.Tensor:
+    """run(ops), inside that build's decode-step team when `team`."""
+    if not team:
+        return run(ops)
+    ops.team_begin()
+    try:
+        return run(ops)
+    finally:
+        ops.team_end()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="git revision of the first build")
@@ -267,6 +292,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--out", default="kernel_ab")
     parser.add_argument("--cases", default="", help="a regex: only the cases it finds")
+    parser.add_argument(
+        "--team",
+        action="store_true",
+        help="run each case inside the build's decode-step team (its helper thread spins during "
+        "that build's run only), as the engine's decode steps do",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         builds = {
@@ -299,7 +330,7 @@ def main() -> None:
                 outs = {}
                 for name, ops in order:
                     start = time.perf_counter()
-                    outs[name] = run(ops)
+                    outs[name] = timed_run(run, ops, team=args.team)
                     times[case][name].append((time.perf_counter() - start) * 1e3)
                 same[case] = same.get(case, True) and torch.equal(outs["base"], outs["head"])
     results: dict[str, Any] = {}
