@@ -4,7 +4,7 @@ A decode step multiplies a few dozen rows (one per running request) by every wei
 hands that to MKL's sgemm, which re-packs the (N, K) weight on every call; oneDNN with a weight
 packed once does better but still leaves much of the FMA peak unused at decode row counts. The
 runner's kernel (`csrc/gemm.cpp`: 16-column weight panels packed at load, a 6 x 16
-register-blocked micro-kernel, the next weight chunk prefetched at decode sizes) runs near that
+register-blocked micro-kernel, the next weight chunk prefetched as one is computed) runs near that
 peak at decode sizes and level with `F.linear` at prefill sizes (figures: docs/benchmarks.md,
 "Figures behind choices in the code"). Built for AVX-512, the micro-kernel holds 12 x 16
 outputs in 16-float registers instead (same bits).
