@@ -164,18 +164,29 @@ def gemm_cases(rows: int = REQUESTS) -> dict[str, Callable[[Any], torch.Tensor]]
             return torch.stack([ops.packed_linear_bf16(x, p, n) for p in mine])
 
         cases[f"gemm_bf16_{name}" + ("" if rows == REQUESTS else f"_m{rows}")] = run
-    gates = [(torch.randn(1536, 576).bfloat16(), torch.randn(1536, 576).bfloat16())
-             for _ in range(LAYERS)]  # fmt: skip
-    xs = torch.randn(rows, 576).bfloat16()
-    swiglu: dict[int, list[torch.Tensor]] = {}
-
-    def run_swiglu(ops: Any) -> torch.Tensor:
-        if id(ops) not in swiglu:
-            swiglu[id(ops)] = [ops.pack_swiglu_bf16(g, u) for g, u in gates]
-        return torch.stack([ops.packed_swiglu_bf16(xs, p, 1536) for p in swiglu[id(ops)]])
-
-    cases["swiglu_bf16" + ("" if rows == REQUESTS else f"_m{rows}")] = run_swiglu
+    name = "swiglu_bf16" + ("" if rows == REQUESTS else f"_m{rows}")
+    cases[name] = swiglu_case(
+        rows, LAYERS, torch.bfloat16, "pack_swiglu_bf16", "packed_swiglu_bf16"
+    )
     return cases
+
+
+def swiglu_case(
+    rows: int, layers: int, dtype: torch.dtype, pack: str, gemm: str
+) -> Callable[[Any], torch.Tensor]:
+    """SwiGLU's fused gate/up (1536 x 576 each) at `rows` rows over `layers` layers' weights,
+    packed by each build's `pack` op and run by its `gemm` op."""
+    gates = [(torch.randn(1536, 576, dtype=dtype), torch.randn(1536, 576, dtype=dtype))
+             for _ in range(layers)]  # fmt: skip
+    xs = torch.randn(rows, 576, dtype=dtype)
+    packed: dict[int, list[torch.Tensor]] = {}
+
+    def run(ops: Any) -> torch.Tensor:
+        if id(ops) not in packed:
+            packed[id(ops)] = [getattr(ops, pack)(g, u) for g, u in gates]
+        return torch.stack([getattr(ops, gemm)(xs, p, 1536) for p in packed[id(ops)]])
+
+    return run
 
 
 def fp32_gemm_cases(rows: int, layers: int = LAYERS) -> dict[str, Callable[[Any], torch.Tensor]]:
@@ -198,16 +209,9 @@ def fp32_gemm_cases(rows: int, layers: int = LAYERS) -> dict[str, Callable[[Any]
             return torch.stack([ops.packed_linear(x, p, n, None) for p in packed[id(ops)]])
 
         cases[f"gemm_fp32_{name}_m{rows}"] = run
-    gates = [(torch.randn(1536, 576), torch.randn(1536, 576)) for _ in range(layers)]
-    xs = torch.randn(rows, 576)
-    swiglu: dict[int, list[torch.Tensor]] = {}
-
-    def run_swiglu(ops: Any) -> torch.Tensor:
-        if id(ops) not in swiglu:
-            swiglu[id(ops)] = [ops.pack_swiglu(g, u) for g, u in gates]
-        return torch.stack([ops.packed_swiglu(xs, p, 1536) for p in swiglu[id(ops)]])
-
-    cases[f"swiglu_fp32_m{rows}"] = run_swiglu
+    cases[f"swiglu_fp32_m{rows}"] = swiglu_case(
+        rows, layers, torch.float32, "pack_swiglu", "packed_swiglu"
+    )
     return cases
 
 

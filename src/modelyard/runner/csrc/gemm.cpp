@@ -438,7 +438,7 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, const 
         // row blocks (a burst in the first block alone stalls it). A single row streams its
         // panels with a prefetch a little ahead in each (micro's kStreamAhead). At prefill
         // sizes many row blocks reuse the chunk from L1, so the next one goes to L2 only
-        // (kernel_ab at 2048 rows, four runs: SwiGLU 4-11 % faster, the others -8..+7 %,
+        // (kernel_ab at 2048 rows, five runs: SwiGLU 4-11 % faster, the others -8..+7 %,
         // 2-3 % faster on average).
         const W* next = nullptr;
         if (prefetch) {
