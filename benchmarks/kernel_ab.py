@@ -12,6 +12,8 @@ in the engine:
 - **Decode attention**: 30 layers × 32 requests × 191 keys, float32 and bfloat16, with blocks
   laid out in order, scattered at random, or as the engine lays them. A request's prompt
   blocks are consecutive, and its later blocks are interleaved with the other requests' blocks.
+- **Prompt attention**: a prefill step's 2048 rows (16 prompts of 128 tokens) over K/V in cache,
+  float32 and bfloat16.
 - **The bf16 GEMM shapes** (AVX-512 BF16 hosts) at 32, 8 and 1 rows: the fused q/k/v, o, the
   down projection over 30 layers' weights, and the lm_head.
 - **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up; and at a
@@ -142,6 +144,29 @@ def attention_cases(dtype: torch.dtype) -> dict[str, Callable[[Any], torch.Tenso
 
     name = str(dtype).removeprefix("torch.")
     return {f"attention_{name}_{lay}": case(t) for lay, t in block_layouts().items()}
+
+
+def prompt_attention_cases(dtype: torch.dtype) -> dict[str, Callable[[Any], torch.Tensor]]:
+    """A prefill step's attention: 16 prompts of 128 tokens as 2048 rows (each row over keys
+    [0, its position]), 30 layers' queries over one layer's K/V, which the step has just
+    written (in cache, as in the engine)."""
+    torch.manual_seed(5)
+    prompts, length = PREFILL_ROWS // 128, 128
+    per = length // BLOCK
+    shape = (KV_HEADS, prompts * per + 1, BLOCK, HEAD_DIM)
+    k, v = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    tables = torch.arange(1, prompts * per + 1).view(prompts, per).repeat_interleave(length, 0)
+    lens = (torch.arange(length) + 1).repeat(prompts)
+    q = [torch.randn(PREFILL_ROWS, HEADS, HEAD_DIM).to(dtype) for _ in range(LAYERS)]
+
+    def run(ops: Any) -> torch.Tensor:
+        outs = [
+            ops.paged_decode_attention(q[i], k, v, tables, lens, HEAD_DIM**-0.5, 0)
+            for i in range(LAYERS)
+        ]
+        return torch.stack(outs)
+
+    return {f"prompt_attention_{str(dtype).removeprefix('torch.')}": run}
 
 
 def gemm_cases(rows: int = REQUESTS) -> dict[str, Callable[[Any], torch.Tensor]]:
@@ -309,6 +334,8 @@ def main() -> None:
             "head": build("head", args.head, Path(tmp)),
         }
         cases = {**attention_cases(torch.float32), **attention_cases(torch.bfloat16)}
+        cases.update(prompt_attention_cases(torch.float32))
+        cases.update(prompt_attention_cases(torch.bfloat16))
         if all(_has_bf16_gemm(b) for b in builds.values()):
             cases.update(gemm_cases())
             cases.update(gemm_cases(8))  # a speculative verify step's rows, or 8 requests

@@ -32,10 +32,10 @@ def _two_threads() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _probe(units: int, fail: int = -1, unit_us: int = 0) -> torch.Tensor:
-    """(3, units): how often each unit ran, whether on the calling thread, whether on the
-    team's helper."""
-    out: torch.Tensor = torch.ops.modelyard_kernels.claim_probe(units, fail, unit_us)
+def _probe(units: int, fail: int = -1, unit_us: int = 0, run: int = 1) -> torch.Tensor:
+    """(4, units): how often each unit ran, whether on the calling thread, whether on the
+    team's helper, and the unit it was told its thread runs next."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.claim_probe(units, fail, unit_us, run)
     return out
 
 
@@ -74,6 +74,34 @@ def test_each_unit_runs_once_and_an_error_reaches_the_caller(in_team: bool) -> N
             if failed_elsewhere >= 3 and attempt >= 32:
                 break
         assert failed_elsewhere > 0  # some failing units ran on the other thread
+
+
+@pytest.mark.parametrize("in_team", [False, True])
+@pytest.mark.parametrize(("units", "run"), [(1, 4), (7, 4), (64, 16), (1000, 16), (1001, 3)])
+def test_units_claimed_in_runs(in_team: bool, units: int, run: int) -> None:
+    """for_each_claimed_in_runs: every unit exactly once; inside a run a unit's `following` is
+    the next unit, and a run's last unit is told the first of the thread's next run (or
+    `units`), so each thread's units, followed from its first, chain through exactly the units
+    it ran."""
+    with kernels.team(in_team):
+        ran = _probe(units, unit_us=2, run=run)
+    assert ran[0].tolist() == [1] * units
+    following = ran[3].tolist()
+    for unit in range(units):
+        if (unit + 1) % run and unit + 1 < units:
+            assert following[unit] == unit + 1
+        else:
+            assert following[unit] > unit
+            assert following[unit] == units or following[unit] % run == 0
+    on_caller = ran[1].tolist()
+    heads = set(range(units)) - set(following)  # each thread's first unit
+    for head in heads:
+        unit, chain = head, []
+        while unit < units:
+            chain.append(unit)
+            unit = following[unit]
+        assert len({on_caller[u] for u in chain}) == 1  # one thread's units
+    assert len(heads) <= 2  # two threads at most
 
 
 def _gemm_case() -> tuple[torch.Tensor, torch.Tensor]:

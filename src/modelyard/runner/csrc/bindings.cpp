@@ -40,7 +40,7 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   // gemm_bf16.cpp
   m.def("team_begin() -> ()", &team_begin);
   m.def("team_end() -> ()", &team_end);
-  m.def("claim_probe(int units, int fail, int unit_us) -> Tensor", &claim_probe);
+  m.def("claim_probe(int units, int fail, int unit_us, int run=1) -> Tensor", &claim_probe);
   m.def("bf16_gemm_supported() -> bool", &bf16_gemm_supported);
   m.def("pack_bf16(Tensor w) -> Tensor");
   m.def("pack_swiglu_bf16(Tensor gate, Tensor up) -> Tensor");

@@ -45,7 +45,7 @@ at::Tensor packed_swiglu_bf16(const at::Tensor& x, const at::Tensor& packed, int
 // team.cpp
 void team_begin();
 void team_end();
-at::Tensor claim_probe(int64_t units, int64_t fail, int64_t unit_us);
+at::Tensor claim_probe(int64_t units, int64_t fail, int64_t unit_us, int64_t run);
 
 // gemm_amx.cpp
 bool amx_ready();

@@ -77,30 +77,57 @@ inline v8 fold(wide x) {
 using wide = v8;
 #endif
 constexpr int64_t kWide = sizeof(wide) / sizeof(float);
+// Whether the float32 loops below take a KV head's query rows together (AVX-512's 32 vector
+// registers hold their accumulators; with 16, one row at a time spills nothing: 1.2-1.5x less
+// time on an AVX2 build)
+#if defined(__AVX512F__)
+constexpr bool kGroupRows = true;
+#else
+constexpr bool kGroupRows = false;
+#endif
+
+// V's lanes from p, any alignment (a type passed as a template argument loses the aligned(4) of
+// its typedef, so a load through V itself may assume the vector's full alignment)
+template <typename V>
+V loadu(const float* p);
+template <>
+inline v8 loadu<v8>(const float* p) {
+  return *reinterpret_cast<const v8*>(p);
+}
+#if defined(__AVX512F__)
+template <>
+inline wide loadu<wide>(const float* p) {
+  return *reinterpret_cast<const wide*>(p);
+}
+#endif
 
 // Scores of the g query rows q (g, hd) against n consecutive key rows k (n, hd), scaled, into
-// s[j * stride + t]. Four keys at a time per query row: four independent accumulators, one
-// load of each key chunk per query row, and one horizontal reduction for the four. V: the
-// vector of the chunks (hd a multiple of its width).
-template <typename V>
+// s[j * stride + t]. Four keys at a time per query row: four independent accumulators and one
+// horizontal reduction for the four. V: the vector of the chunks (hd a multiple of its width).
+// G > 0: the G rows together, each key chunk loaded once for all of them (G x 4 accumulators);
+// G = 0: any g, one row at a time. Either way each score sums its chunks in the same order.
+template <typename V, int G>
 inline void scores_by_four(const float* q, const float* k, int64_t n, int64_t g, int64_t hd,
                            float scale, float* s, int64_t stride) {
   constexpr int64_t w = sizeof(V) / sizeof(float);
+  constexpr int64_t rows = G > 0 ? G : 1;
   for (int64_t t = 0; t + 4 <= n; t += 4) {
     const float* k0 = k + t * hd;
-    for (int64_t j = 0; j < g; ++j) {
-      const float* qj = q + j * hd;
-      V a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    for (int64_t j0 = 0; j0 < g; j0 += rows) {
+      V a[rows][4] = {};
       for (int64_t c = 0; c < hd; c += w) {
-        const V qc = *reinterpret_cast<const V*>(qj + c);
-        a0 += qc * *reinterpret_cast<const V*>(k0 + c);
-        a1 += qc * *reinterpret_cast<const V*>(k0 + hd + c);
-        a2 += qc * *reinterpret_cast<const V*>(k0 + 2 * hd + c);
-        a3 += qc * *reinterpret_cast<const V*>(k0 + 3 * hd + c);
+        V kc[4];
+        for (int i = 0; i < 4; ++i) kc[i] = loadu<V>(k0 + i * hd + c);
+        for (int64_t j = 0; j < rows; ++j) {
+          const V qc = loadu<V>(q + (j0 + j) * hd + c);
+          for (int i = 0; i < 4; ++i) a[j][i] += qc * kc[i];
+        }
       }
-      float* out = s + j * stride + t;
-      hsum4(fold(a0), fold(a1), fold(a2), fold(a3), out);
-      for (int i = 0; i < 4; ++i) out[i] *= scale;
+      for (int64_t j = 0; j < rows; ++j) {
+        float* out = s + (j0 + j) * stride + t;
+        hsum4(fold(a[j][0]), fold(a[j][1]), fold(a[j][2]), fold(a[j][3]), out);
+        for (int i = 0; i < 4; ++i) out[i] *= scale;
+      }
     }
   }
 }
@@ -109,9 +136,15 @@ inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, i
                          float scale, float* s, int64_t stride) {
   const int64_t chunks = hd / 8;
   if (hd % kWide == 0) {
-    scores_by_four<wide>(q, k, n, g, hd, scale, s, stride);
+    switch (kGroupRows ? g : 0) {
+      case 1: scores_by_four<wide, 1>(q, k, n, g, hd, scale, s, stride); break;
+      case 2: scores_by_four<wide, 2>(q, k, n, g, hd, scale, s, stride); break;
+      case 3: scores_by_four<wide, 3>(q, k, n, g, hd, scale, s, stride); break;
+      case 4: scores_by_four<wide, 4>(q, k, n, g, hd, scale, s, stride); break;
+      default: scores_by_four<wide, 0>(q, k, n, g, hd, scale, s, stride);
+    }
   } else {
-    scores_by_four<v8>(q, k, n, g, hd, scale, s, stride);
+    scores_by_four<v8, 0>(q, k, n, g, hd, scale, s, stride);
   }
   int64_t t = n / 4 * 4;
   for (; t < n; ++t) {
@@ -128,30 +161,58 @@ inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, i
 }
 
 // out (g, hd) += sum over t of p[j * stride + t] * v[t] for n consecutive value rows v (n, hd).
-// Four `wide` vectors of columns (64 with AVX-512, else 32) of one query row at a time, summed
-// in registers over the n rows: four independent chains, one broadcast weight per row; then any
-// last 8-column chunks. Each column sums its rows in order whatever the width: the same bits.
+// Columns in groups of kCols `wide` vectors (64 with AVX-512, else 32), summed in registers over
+// the n rows: each value row's group is loaded once for all G query rows (G x kCols independent
+// chains, one broadcast weight per query row and value row; G = 0: any g, one row at a time);
+// then any last 8-column chunks. Each column sums its rows in order whatever the width and G:
+// the same bits.
+constexpr int64_t kCols = 4;
+
+template <int G>
+inline void values_in_groups(const float* p, const float* v, int64_t n, int64_t g, int64_t hd,
+                             int64_t stride, float* out) {
+  constexpr int64_t rows = G > 0 ? G : 1, span = kCols * kWide;
+  for (int64_t j0 = 0; j0 < g; j0 += rows) {
+    for (int64_t c = 0; c + span <= hd; c += span) {
+      wide a[rows][kCols];
+      for (int64_t j = 0; j < rows; ++j) {
+        for (int64_t i = 0; i < kCols; ++i) {
+          a[j][i] = *reinterpret_cast<const wide*>(out + (j0 + j) * hd + c + i * kWide);
+        }
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        wide row[kCols];
+        for (int64_t i = 0; i < kCols; ++i) {
+          row[i] = *reinterpret_cast<const wide*>(v + t * hd + c + i * kWide);
+        }
+        for (int64_t j = 0; j < rows; ++j) {
+          const wide wt = p[(j0 + j) * stride + t] + wide{};
+          for (int64_t i = 0; i < kCols; ++i) a[j][i] += wt * row[i];
+        }
+      }
+      for (int64_t j = 0; j < rows; ++j) {
+        for (int64_t i = 0; i < kCols; ++i) {
+          *reinterpret_cast<wide*>(out + (j0 + j) * hd + c + i * kWide) = a[j][i];
+        }
+      }
+    }
+  }
+}
+
 inline void block_values(const float* p, const float* v, int64_t n, int64_t g, int64_t hd,
                          int64_t stride, float* out) {
-  for (int64_t j = 0; j < g; ++j) {
-    const float* w = p + j * stride;
-    int64_t c = 0;
-    for (; c + 4 * kWide <= hd; c += 4 * kWide) {
-      wide* o = reinterpret_cast<wide*>(out + j * hd + c);
-      wide a0 = o[0], a1 = o[1], a2 = o[2], a3 = o[3];
-      for (int64_t t = 0; t < n; ++t) {
-        const wide wt = w[t] + wide{};
-        const float* row = v + t * hd + c;
-        a0 += wt * *reinterpret_cast<const wide*>(row);
-        a1 += wt * *reinterpret_cast<const wide*>(row + kWide);
-        a2 += wt * *reinterpret_cast<const wide*>(row + 2 * kWide);
-        a3 += wt * *reinterpret_cast<const wide*>(row + 3 * kWide);
-      }
-      o[0] = a0, o[1] = a1, o[2] = a2, o[3] = a3;
-    }
-    for (; c < hd; c += 8) {
+  switch (kGroupRows ? g : 0) {
+    case 1: values_in_groups<1>(p, v, n, g, hd, stride, out); break;
+    case 2: values_in_groups<2>(p, v, n, g, hd, stride, out); break;
+    case 3: values_in_groups<3>(p, v, n, g, hd, stride, out); break;
+    case 4: values_in_groups<4>(p, v, n, g, hd, stride, out); break;
+    default: values_in_groups<0>(p, v, n, g, hd, stride, out);
+  }
+  for (int64_t c = hd / (kCols * kWide) * (kCols * kWide); c < hd; c += 8) {
+    for (int64_t j = 0; j < g; ++j) {
       v8* o = reinterpret_cast<v8*>(out + j * hd + c);
       v8 acc = *o;
+      const float* w = p + j * stride;
       for (int64_t t = 0; t < n; ++t) acc += w[t] * *reinterpret_cast<const v8*>(v + t * hd + c);
       *o = acc;
     }
@@ -171,11 +232,29 @@ inline void prefetch_rows(const T* x, int64_t count) {
   for (int64_t i = 0; i < count; i += kLine) __builtin_prefetch(x + i, 0, 2);
 }
 
+// the largest of x[0..n), n >= 1 (the same value in any order)
+inline float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  float m = x[0];
+  if (n >= 8) {
+    v8 m8 = *reinterpret_cast<const v8*>(x);
+    for (i = 8; i + 8 <= n; i += 8) {
+      const v8 y = *reinterpret_cast<const v8*>(x + i);
+      m8 = m8 > y ? m8 : y;
+    }
+    alignas(32) float lanes[8];
+    *reinterpret_cast<v8*>(lanes) = m8;
+    m = *std::max_element(lanes, lanes + 8);
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
 // Each of the g rows of s (n wide) -> exp(s - max); returns 1 / sum of a row in inv[j]
 void exp_rows(float* s, int64_t g, int64_t n, float* inv) {
   for (int64_t j = 0; j < g; ++j) {
     float* row = s + j * n;
-    const float m = *std::max_element(row, row + n);
+    const float m = max_of(row, n);
     v8 sum8 = {};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -249,6 +328,20 @@ struct PagedKV {
     return std::make_pair(window > 0 ? std::max<int64_t>(0, len - window) : 0, len);
   }
 
+  // Whether row r attends row r - 1's keys and the one after them through the same blocks: the
+  // next row of one prompt chunk, whose K/V row r - 1 (or the step's K/V store) just brought
+  // into cache, so prefetching them again only costs instructions (the bulk of a prompt
+  // chunk's attention time went to such prefetches)
+  bool continues(int64_t r) const {
+    if (r == 0 || lens[r] != lens[r - 1] + 1) return false;
+    const int64_t* row = tables + r * nb_max;
+    return std::equal(row, row + (lens[r - 1] + bs - 1) / bs, row - nb_max);
+  }
+
+  // The last block a loop over row r's keys prefetches the next block up to: none (-1) when
+  // the row continues the previous one
+  int64_t prefetch_until(int64_t r) const { return continues(r) ? -1 : (lens[r] - 1) / bs; }
+
   // the cache row of block b of request r's table, for KV head h
   int64_t block_row(int64_t r, int64_t h, int64_t b) const {
     return (h * nblocks + tables[r * nb_max + b]) * bs;
@@ -259,6 +352,7 @@ struct PagedKV {
   // prefetched while this item computes, and blocks past that budget one block ahead.
   void prefetch_item(int64_t item) const {
     const int64_t r = item / nkv, h = item % nkv;
+    if (continues(r)) return;
     const auto [first, len] = key_range(r);
     const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(T)));
     const int64_t stop = std::min((len - 1) / bs + 1, first / bs + budget);
@@ -294,6 +388,7 @@ struct Bf16Decode {
         scale(static_cast<float>(scale_)) {}
 
   int64_t items() const { return d * kv.nkv; }
+  int64_t run() const { return modelyard::claim_run(items()); }
 
   // the first of the g query rows of item (r, h), and of its output rows
   const bf16* query_rows(int64_t r, int64_t h, int64_t g) const {
@@ -325,7 +420,9 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   const float fscale = static_cast<float>(scale);
 
   // items are claimed by the threads in turn (claim.h); scores live in a per-thread buffer
-  modelyard::for_each_claimed(d * nkv, [&](int64_t item, int64_t following, bool opening) {
+  const int64_t items = d * nkv, run = modelyard::claim_run(items);
+  modelyard::for_each_claimed_in_runs(items, run, [&](int64_t item, int64_t following,
+                                                       bool opening) {
     thread_local std::vector<float> scores, widened;  // widened: one bf16 block as float32
     if (!std::is_same_v<T, float>) widened.resize(static_cast<size_t>(bs * hd));
     alignas(32) float inv[64];  // 1 / softmax sum of each of the g query rows
@@ -333,7 +430,7 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     if (following < d * nkv) kv.prefetch_item(following);
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
-    const int64_t n = len - first, last_block = (len - 1) / bs;
+    const int64_t n = len - first, last_block = kv.prefetch_until(r);
     scores.resize(static_cast<size_t>(g * n));
     const float* qh = qp + r * q_row + h * g * hd;  // the g query rows of this KV head
     // keys come in runs that stay inside one block: contiguous rows
@@ -673,7 +770,9 @@ at::Tensor decode_tiles(const at::Tensor& q, const at::Tensor& k_cache, const at
   const Bf16Decode call(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
   const PagedKV<bf16>& kv = call.kv;
   const int64_t nkv = kv.nkv;
-  modelyard::for_each_claimed(call.items(), [&](int64_t item, int64_t following, bool opening) {
+  const int64_t items = call.items(), run = call.run();
+  modelyard::for_each_claimed_in_runs(items, run, [&](int64_t item, int64_t following,
+                                                       bool opening) {
     thread_local std::vector<float> scores;  // G rows from chunk `base` on, stride apart
     thread_local std::vector<bf16> probs;    // the same as SDPA's P, zero outside the keys
     if (opening) configure_layout_tiles<G>();
@@ -748,7 +847,7 @@ void dp_item_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h,
                     const at::BFloat16* qh, float scale, float* s, int64_t stride) {
   constexpr int64_t hd = 32 * C;
   const auto [first, len] = kv.key_range(r);
-  const int64_t bs = kv.bs, last_block = (len - 1) / bs;
+  const int64_t bs = kv.bs, last_block = kv.prefetch_until(r);
   __m512bh qv[G * C];
   for (int i = 0; i < G * C; ++i) {
     qv[i] = (__m512bh)_mm512_loadu_si512(reinterpret_cast<const __m512i*>(qh) + i);
@@ -780,13 +879,15 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const PagedKV<bf16>& kv = call.kv;
   const int64_t nkv = kv.nkv, bs = kv.bs;
   const float fscale = call.scale;
-  modelyard::for_each_claimed(call.items(), [&](int64_t item, int64_t following, bool opening) {
+  const int64_t items = call.items(), run = call.run();
+  modelyard::for_each_claimed_in_runs(items, run, [&](int64_t item, int64_t following,
+                                                       bool opening) {
     thread_local std::vector<float> scores;  // G rows, stride apart
     thread_local std::vector<bf16> probs;    // the same, exponentiated and rounded
     call.prefetch(item, following, opening);
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
-    const int64_t n = len - first, last_block = (len - 1) / bs;
+    const int64_t n = len - first, last_block = kv.prefetch_until(r);
     const int64_t stride = (n + 2) & ~int64_t(1);  // even: room for a pair past the last key
     constexpr int64_t front = AMX ? 16 : 0;  // AMX: room for a chunk's lanes before `first`
     scores.resize(static_cast<size_t>(G * stride + front));
