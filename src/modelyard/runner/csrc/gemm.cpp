@@ -8,8 +8,8 @@
 // vectors of the panel and broadcasts six x values: 12 FMAs per 8 loads (the classic AVX2
 // shape); built for AVX-512, a 12 x 32 block (two panels) in 24 registers of 16 floats. x's
 // rows are first copied k-major per micro-kernel call (pack_rows), so the broadcasts read one
-// stream. K is cut into near-equal chunks of at most kKC so a panel's chunk (<= 20 KiB) stays
-// in L1 while every row block of x passes over it; groups of panels are claimed by the ATen
+// stream. K is cut into near-equal chunks of at most kKC (panels.h), each chunk's panels read
+// by every row block of x in turn; groups of panels are claimed by the ATen
 // thread pool's threads in turn (claim.h). For a Llama MLP's gate and up projections
 // (pack_swiglu, packed_swiglu) gate and up panels alternate and silu(gate) * up is applied to
 // each tile pair while it is in L1, so the (M, 2I) projection is never written to memory.
@@ -41,7 +41,7 @@ using modelyard::exp8;
 using modelyard::splat;
 using modelyard::v8;
 
-using modelyard::kKC;  // k per cache block, at most (a 20 KiB panel chunk)
+using modelyard::kKC;  // k per cache block, at most (a ~36 KiB panel chunk)
 using modelyard::kNR;  // output columns per panel (two 8-float vectors, or one 16-float)
 constexpr int64_t kMC = 96;  // rows of x per cache block (prefill sizes)
 // A single row streams its panels from memory: each stream prefetches into L2 this many weights
