@@ -218,8 +218,11 @@ void for_each_claimed_in_runs(int64_t units, int64_t run, const Fn& fn) {
   });
 }
 
-// Runs for_each_claimed_in_runs takes for `units` short units: one each up to 256 units (every
-// unit counts when there are few), then ~256 claims a call, at most 16 units a claim.
-inline int64_t claim_run(int64_t units) { return std::clamp<int64_t>(units / 256, 1, 16); }
+// for_each_claimed_in_runs for `units` short units: one a claim up to 256 units (every unit
+// counts when there are few), then ~256 claims a call, at most 16 units a claim.
+template <typename Fn>
+void for_each_short_unit(int64_t units, const Fn& fn) {
+  for_each_claimed_in_runs(units, std::clamp<int64_t>(units / 256, 1, 16), fn);
+}
 
 }  // namespace modelyard

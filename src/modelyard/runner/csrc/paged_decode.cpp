@@ -388,7 +388,6 @@ struct Bf16Decode {
         scale(static_cast<float>(scale_)) {}
 
   int64_t items() const { return d * kv.nkv; }
-  int64_t run() const { return modelyard::claim_run(items()); }
 
   // the first of the g query rows of item (r, h), and of its output rows
   const bf16* query_rows(int64_t r, int64_t h, int64_t g) const {
@@ -420,9 +419,7 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   const float fscale = static_cast<float>(scale);
 
   // items are claimed by the threads in turn (claim.h); scores live in a per-thread buffer
-  const int64_t items = d * nkv, run = modelyard::claim_run(items);
-  modelyard::for_each_claimed_in_runs(items, run, [&](int64_t item, int64_t following,
-                                                       bool opening) {
+  modelyard::for_each_short_unit(d * nkv, [&](int64_t item, int64_t following, bool opening) {
     thread_local std::vector<float> scores, widened;  // widened: one bf16 block as float32
     if (!std::is_same_v<T, float>) widened.resize(static_cast<size_t>(bs * hd));
     alignas(32) float inv[64];  // 1 / softmax sum of each of the g query rows
@@ -770,9 +767,8 @@ at::Tensor decode_tiles(const at::Tensor& q, const at::Tensor& k_cache, const at
   const Bf16Decode call(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
   const PagedKV<bf16>& kv = call.kv;
   const int64_t nkv = kv.nkv;
-  const int64_t items = call.items(), run = call.run();
-  modelyard::for_each_claimed_in_runs(items, run, [&](int64_t item, int64_t following,
-                                                       bool opening) {
+  modelyard::for_each_short_unit(call.items(), [&](int64_t item, int64_t following,
+                                                  bool opening) {
     thread_local std::vector<float> scores;  // G rows from chunk `base` on, stride apart
     thread_local std::vector<bf16> probs;    // the same as SDPA's P, zero outside the keys
     if (opening) configure_layout_tiles<G>();
@@ -879,9 +875,8 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const PagedKV<bf16>& kv = call.kv;
   const int64_t nkv = kv.nkv, bs = kv.bs;
   const float fscale = call.scale;
-  const int64_t items = call.items(), run = call.run();
-  modelyard::for_each_claimed_in_runs(items, run, [&](int64_t item, int64_t following,
-                                                       bool opening) {
+  modelyard::for_each_short_unit(call.items(), [&](int64_t item, int64_t following,
+                                                  bool opening) {
     thread_local std::vector<float> scores;  // G rows, stride apart
     thread_local std::vector<bf16> probs;    // the same, exponentiated and rounded
     call.prefetch(item, following, opening);
