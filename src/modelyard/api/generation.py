@@ -24,7 +24,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -67,6 +67,52 @@ class EngineStream:
     finished: bool = False  # the last output (finished=True) was read
 
 
+class ReadDeadline:
+    """Bounds every read of a request's outputs by its deadline with one loop timer for the
+    whole request, where `asyncio.timeout_at` around each read arms and cancels a timer per
+    token. When the timer fires, the tasks waiting in `read` are cancelled and raise
+    TimeoutError (as asyncio.timeout does: a cancellation from elsewhere stays one); a read
+    that starts after it raises TimeoutError at once."""
+
+    __slots__ = ("_expired", "_handle", "_readers", "_when")
+
+    def __init__(self, when: float) -> None:
+        self._when = when  # loop.time()
+        self._handle: asyncio.TimerHandle | None = None
+        self._expired = False
+        self._readers: dict[asyncio.Task[Any], int] = {}  # reader -> its cancelling() count
+
+    async def read(self, iterator: AsyncIterator[RequestOutput]) -> RequestOutput:
+        """anext(iterator), or TimeoutError past the deadline."""
+        loop = asyncio.get_running_loop()
+        if self._expired or loop.time() >= self._when:
+            self._expired = True
+            raise TimeoutError
+        if self._handle is None:
+            self._handle = loop.call_at(self._when, self._expire)
+        task = asyncio.current_task()
+        assert task is not None  # reads run in tasks
+        self._readers[task] = task.cancelling()
+        try:
+            return await anext(iterator)
+        except asyncio.CancelledError:
+            if self._expired and task.uncancel() <= self._readers[task]:
+                raise TimeoutError from None
+            raise
+        finally:
+            del self._readers[task]
+
+    def _expire(self) -> None:
+        self._expired = True
+        for task in self._readers:
+            task.cancel()
+
+    def close(self) -> None:
+        """Disarm the timer (the request is done)."""
+        if self._handle is not None:
+            self._handle.cancel()
+
+
 @dataclass(slots=True)
 class Generation:
     """The engine requests of one HTTP request on the served model; close with aclose()."""
@@ -74,6 +120,7 @@ class Generation:
     served: Served[list[EngineStream]]  # the request path's lease, quota and usage
     llm: LLMClient  # the serving engine
     _closed: bool = False
+    _deadline: ReadDeadline | None = field(default=None, repr=False)  # made at the first read
 
     @property
     def model_id(self) -> str:
@@ -101,10 +148,11 @@ class Generation:
             stream.tracker.observe(first)
             stream.finished = first.finished
             yield first
+        if self._deadline is None:
+            self._deadline = ReadDeadline(self.deadline)
         while not stream.finished:
             try:
-                async with asyncio.timeout_at(self.deadline):
-                    output = await anext(stream.iterator)
+                output = await self._deadline.read(stream.iterator)
             except StopAsyncIteration:
                 stream.finished = True
                 return
@@ -157,6 +205,8 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        if self._deadline is not None:
+            self._deadline.close()
         with anyio.CancelScope(shield=True):
             try:
                 await _close_streams(self.llm, self.streams)
