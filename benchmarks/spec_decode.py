@@ -42,7 +42,8 @@ SWEEP = (2, 4, 8, 16)
 
 
 def speculative(system: str, args: argparse.Namespace, force: bool) -> dict[str, Any]:
-    limit = {"disable_by_batch_size": 1024} if force else {}
+    limit: dict[str, Any] = {"disable_by_batch_size": 1024} if force else {}
+    limit["adaptive"] = args.adaptive
     if system == "ngram":
         return {"method": "ngram", "num_speculative_tokens": args.k_ngram, **limit}
     return {
@@ -175,6 +176,9 @@ def main() -> None:
     parser.add_argument("--k-self", type=int, default=3)
     parser.add_argument("--draft-layers", type=int, default=8)
     parser.add_argument("--no-sweep", dest="sweep", action="store_false")
+    parser.add_argument(
+        "--fixed-k", dest="adaptive", action="store_false", help="every draft may take k"
+    )
     parser.add_argument("--sweep-rounds", type=int, default=2)
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="spec_decode")
@@ -189,6 +193,7 @@ def main() -> None:
         *("--k-self", str(args.k_self), "--draft-layers", str(args.draft_layers)),
         *("--sweep-rounds", str(args.sweep_rounds)),
         *(() if args.sweep else ("--no-sweep",)),
+        *(() if args.adaptive else ("--fixed-k",)),
     ]
     results: dict[str, Any] = {"host": host(), "command": " ".join(sys.argv)}
     for system in args.systems:

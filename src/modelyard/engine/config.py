@@ -115,6 +115,9 @@ class SpeculativeConfig:
     request's `speculate` overrides)."""
     disable_by_batch_size: int = setting(8, ge=1)
     """No request speculates in a step that starts with more running requests than this."""
+    adaptive: bool = True
+    """Each request's k follows how much of its drafts the target accepts (engine.spec_decode,
+    rule 5); False: every draft may take num_speculative_tokens."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -150,6 +153,7 @@ SPECULATIVE_OPTIONS = {
     "prompt_lookup_max": "prompt_lookup_max",
     "speculative_long_output_tokens": "long_output_tokens",
     "speculative_disable_by_batch_size": "disable_by_batch_size",
+    "speculative_adaptive": "adaptive",
 }
 
 

@@ -337,6 +337,8 @@ class Scheduler:
             if entry.num_spec_tokens:
                 draft = runner_output.drafts.get(entry.request_id)
                 accepted = self.spec_stats.settle(request, entry, draft, self.kv_cache)
+                if draft is not None:
+                    self.spec_policy.adapt(request, draft)
                 tokens = [*accepted, *tokens]
             output, status = append_tokens(
                 request,

@@ -12,7 +12,7 @@ from modelyard.engine.request import Request
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.engine.scheduler import Scheduler
 from modelyard.engine.scheduler_output import DraftResult, RunnerOutput, SchedulerOutput
-from modelyard.engine.spec_decode import SpecDecodePolicy
+from modelyard.engine.spec_decode import SpecDecodePolicy, best_k
 
 pytestmark = pytest.mark.unit
 
@@ -94,6 +94,44 @@ def test_rejected_slots_give_their_blocks_back() -> None:
     assert output.new_token_ids == [9]
     assert sched.requests["a"].num_computed_tokens == 5
     assert sched.kv_cache.num_free_blocks == free_before - 1
+
+
+def _verify_step(sched: Scheduler, proposed: int, accepted: int) -> int:
+    """One decode of request "a" whose draft of `proposed` tokens keeps `accepted`; the
+    slots the step gave it."""
+    out = sched.schedule()
+    slots = out.scheduled[0].num_spec_tokens
+    draft = DraftResult(list(range(60, 60 + proposed)), accepted)
+    sched.update(out, RunnerOutput(sampled_token_ids={"a": 9}, drafts={"a": draft}))
+    return slots
+
+
+def test_k_follows_each_requests_acceptance() -> None:
+    sched = make_scheduler(k=8)
+    sched.add_request(make_request("a", 5, max_tokens=200))
+    run(sched)
+    assert [_verify_step(sched, 8, 0), _verify_step(sched, 1, 0)] == [8, 1]  # drafts fail
+    run(sched)  # a step with nothing proposed leaves k as it was
+    assert sched.requests["a"].spec_k == 1
+    # whole drafts accepted: the rate climbs back (0.41, 0.82) and k with it
+    assert [_verify_step(sched, k, k) for k in (1, 3, 8)] == [1, 3, 8]
+    assert _verify_step(sched, 8, 5) == 8  # a draft that mostly holds keeps k
+    assert sched.requests["a"].spec_k == 8
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "k"), [(0.0, 1), (0.05, 1), (0.2, 2), (0.5, 4), (0.75, 8), (1.0, 8)]
+)
+def test_best_k_trades_rows_for_expected_tokens(acceptance: float, k: int) -> None:
+    assert best_k(acceptance, 8) == k
+    assert best_k(acceptance, 3) == min(k, 3)
+
+
+def test_k_stays_fixed_without_adaptive() -> None:
+    sched = make_scheduler(k=4, adaptive=False)
+    sched.add_request(make_request("a", 5))
+    run(sched)
+    assert [_verify_step(sched, 4, 0) for _ in range(3)] == [4, 4, 4]
 
 
 def test_nothing_proposed_rolls_every_slot_back_and_counts_no_draft() -> None:
