@@ -336,10 +336,8 @@ class Scheduler:
             tokens = [sampled[entry.request_id]]
             if entry.num_spec_tokens:
                 draft = runner_output.drafts.get(entry.request_id)
-                accepted = self.spec_stats.settle(request, entry, draft, self.kv_cache)
-                if draft is not None:
-                    self.spec_policy.adapt(request, draft)
-                tokens = [*accepted, *tokens]
+                self.spec_policy.adapt(request, draft)
+                tokens = [*self.spec_stats.settle(request, entry, draft, self.kv_cache), *tokens]
             output, status = append_tokens(
                 request,
                 tokens,

@@ -120,11 +120,12 @@ class SpecDecodePolicy:
         k = min(k, self.max_model_len - request.num_tokens - 1)
         return max(k, 0)
 
-    def adapt(self, request: Request, draft: DraftResult) -> None:
-        """Rule 5: the request's next k from how much of this draft the target accepted."""
+    def adapt(self, request: Request, draft: DraftResult | None) -> None:
+        """Rule 5: the request's next k from how much of this draft the target accepted (no
+        draft: the proposer had nothing, k stays)."""
         config = self.config
-        proposed = len(draft.draft_token_ids)
-        if config is None or not config.adaptive or proposed == 0:
+        proposed = len(draft.draft_token_ids) if draft is not None else 0
+        if config is None or not config.adaptive or draft is None or proposed == 0:
             return
         accepted = draft.num_accepted
         trials = accepted + (1 if accepted < proposed else 0)  # the run and its rejected token
