@@ -89,7 +89,7 @@ class Request:
         self.num_preemptions = 0  # times this request lost its blocks
         self.lora = lora  # the adapter it runs with (None: the base model)
         self.spec_k: int | None = None  # its speculative k (engine.spec_decode rule 5; None: k)
-        self.spec_trials = (0.0, 0.0)  # rule 5: decayed counts of accepted and verified drafts
+        self.spec_trials = (0.0, 0.0)  # rule 5: decayed counts of accepted and tried draft tokens
         # the prefix cache's salt: KV computed with an adapter is only shared with requests
         # of the same adapter registration
         self.cache_salt: bytes | None = (

@@ -56,7 +56,6 @@ ROW_COST = 0.025
 """A verified row's cost as a share of a one-row decode step (rule 5): a step of 1 + 8 rows
 took ~1.2x a one-row step for the default model in float32 and bfloat16 on CPU."""
 
-
 TRIAL_DECAY = 0.8
 """Rule 5: the weight of a request's earlier trials at each new draft."""
 
@@ -124,10 +123,9 @@ class SpecDecodePolicy:
         """Rule 5: the request's next k from how much of this draft the target accepted (no
         draft: the proposer had nothing, k stays)."""
         config = self.config
-        proposed = len(draft.draft_token_ids) if draft is not None else 0
-        if config is None or not config.adaptive or draft is None or proposed == 0:
+        if config is None or not config.adaptive or draft is None or not draft.draft_token_ids:
             return
-        accepted = draft.num_accepted
+        proposed, accepted = len(draft.draft_token_ids), draft.num_accepted
         trials = accepted + (1 if accepted < proposed else 0)  # the run and its rejected token
         old_accepted, old_trials = request.spec_trials
         request.spec_trials = (
