@@ -112,7 +112,7 @@ class SpecDecodePolicy:
             if not long_output or (params.seed is not None and not params.greedy):
                 return 0
         k = config.num_speculative_tokens
-        if config.adaptive and request.spec_k is not None:
+        if request.spec_k is not None:  # rule 5 (set only when adaptive)
             k = request.spec_k
         if params.max_tokens is not None:  # the target's own token comes on top of the drafts
             k = min(k, params.max_tokens - request.num_output_tokens - 1)

@@ -86,6 +86,19 @@ constexpr bool kGroupRows = true;
 constexpr bool kGroupRows = false;
 #endif
 
+// fn(std::integral_constant<int, G>{}): G = g for 1-4 query rows a KV head where kGroupRows,
+// else 0 (any g, one row at a time)
+template <typename Fn>
+inline void with_group_rows(int64_t g, const Fn& fn) {
+  switch (kGroupRows ? g : 0) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    default: return fn(std::integral_constant<int, 0>{});
+  }
+}
+
 // V's lanes from p, any alignment (a type passed as a template argument loses the aligned(4) of
 // its typedef, so a load through V itself may assume the vector's full alignment)
 template <typename V>
@@ -136,13 +149,9 @@ inline void block_scores(const float* q, const float* k, int64_t n, int64_t g, i
                          float scale, float* s, int64_t stride) {
   const int64_t chunks = hd / 8;
   if (hd % kWide == 0) {
-    switch (kGroupRows ? g : 0) {
-      case 1: scores_by_four<wide, 1>(q, k, n, g, hd, scale, s, stride); break;
-      case 2: scores_by_four<wide, 2>(q, k, n, g, hd, scale, s, stride); break;
-      case 3: scores_by_four<wide, 3>(q, k, n, g, hd, scale, s, stride); break;
-      case 4: scores_by_four<wide, 4>(q, k, n, g, hd, scale, s, stride); break;
-      default: scores_by_four<wide, 0>(q, k, n, g, hd, scale, s, stride);
-    }
+    with_group_rows(g, [&](auto rows) {
+      scores_by_four<wide, decltype(rows)::value>(q, k, n, g, hd, scale, s, stride);
+    });
   } else {
     scores_by_four<v8, 0>(q, k, n, g, hd, scale, s, stride);
   }
@@ -201,13 +210,9 @@ inline void values_in_groups(const float* p, const float* v, int64_t n, int64_t 
 
 inline void block_values(const float* p, const float* v, int64_t n, int64_t g, int64_t hd,
                          int64_t stride, float* out) {
-  switch (kGroupRows ? g : 0) {
-    case 1: values_in_groups<1>(p, v, n, g, hd, stride, out); break;
-    case 2: values_in_groups<2>(p, v, n, g, hd, stride, out); break;
-    case 3: values_in_groups<3>(p, v, n, g, hd, stride, out); break;
-    case 4: values_in_groups<4>(p, v, n, g, hd, stride, out); break;
-    default: values_in_groups<0>(p, v, n, g, hd, stride, out);
-  }
+  with_group_rows(g, [&](auto rows) {
+    values_in_groups<decltype(rows)::value>(p, v, n, g, hd, stride, out);
+  });
   for (int64_t c = hd / (kCols * kWide) * (kCols * kWide); c < hd; c += 8) {
     for (int64_t j = 0; j < g; ++j) {
       v8* o = reinterpret_cast<v8*>(out + j * hd + c);
