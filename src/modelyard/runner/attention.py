@@ -235,8 +235,7 @@ def paged_attention(
     Caches in the tile layout (runner.kv_layout) are read by the kernel alone.
     """
     nkv, hd = k_cache.shape[0], k_cache.shape[3]
-    plain = layout == KV_PLAIN
-    if not plain or (native_decode_ready(q.dtype, hd) and (meta.all_decodes or not _PREFILL_SDPA)):
+    if kernel_attends(meta, q.dtype, hd, layout):
         tables, seq_lens = meta.kernel_rows()
         return kernels.paged_decode_attention(
             q, k_cache, v_cache, tables, seq_lens, scale, meta.sliding_window, layout
@@ -307,6 +306,13 @@ def _decode_attention(
     return grouped_decode_attention(
         qd, kd.view(d, nkv, -1, hd), vd.view(d, nkv, -1, hd), meta.decode_mask(), scale
     )
+
+
+def kernel_attends(meta: AttentionMetadata, dtype: torch.dtype, head_dim: int, layout: int) -> bool:
+    """True when `paged_attention` hands every row of the step to the compiled kernel."""
+    if layout != KV_PLAIN:
+        return True
+    return native_decode_ready(dtype, head_dim) and (meta.all_decodes or not _PREFILL_SDPA)
 
 
 def native_decode_ready(dtype: torch.dtype, head_dim: int) -> bool:

@@ -13,6 +13,8 @@ is ignored. The other switches:
 - `MODELYARD_NATIVE_KERNELS=0`: no compiled kernels at all (the pure-torch path);
 - `MODELYARD_PACKED_LINEAR=0`: linear layers on `F.linear` (for comparisons);
 - `MODELYARD_DECODE_TEAM=0`: decode steps without the spinning helper thread (csrc/claim.h);
+- `MODELYARD_DECODE_LOOP=0`: a step's decoder layers called one kernel at a time from Python
+  instead of in one compiled loop (runner.decode_loop; the same bits, for comparisons);
 - `MODELYARD_PREFILL_SDPA=1`: prompt rows attended by SDPA (its bits) instead of the kernel;
 - `MODELYARD_KV_TILES=0`: bf16 KV caches keep the plain layout on AMX hosts too (by default
   they take the tile layout that decode attention reads as AMX operands: runner.kv_layout);
@@ -114,6 +116,7 @@ class KernelConfig:
     native_kernels: bool = True  # compiled kernels at all
     packed_linear: bool = True  # linear layers on weights packed at load
     decode_team: bool = True  # a spinning helper thread inside decode steps
+    decode_loop: bool = True  # a step's decoder layers in one compiled call
     prefill_sdpa: bool = False  # prompt rows on SDPA instead of the paged kernel
     kv_tiles: bool = True  # bf16 KV caches in the tile layout where AMX attention reads it
     bf16_gemm: Bf16Gemm = "auto"  # when the runner's own bf16 GEMM replaces oneDNN
@@ -149,6 +152,7 @@ class KernelConfig:
             native_kernels=env.get("MODELYARD_NATIVE_KERNELS", "1") != "0",
             packed_linear=env.get("MODELYARD_PACKED_LINEAR", "1") != "0",
             decode_team=env.get("MODELYARD_DECODE_TEAM", "1") != "0",
+            decode_loop=env.get("MODELYARD_DECODE_LOOP", "1") != "0",
             prefill_sdpa=prefill == "1",
             kv_tiles=kv_tiles == "1",
             bf16_gemm=gemm,  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ and bfloat16 use `F.linear`. float32 results differ from `F.linear` only in summ
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,22 @@ def runner_gemm(k: int, *, swiglu: bool) -> tuple[Gemm, int] | None:
 _ANY_ROWS = 1 << 62
 
 
+class NativeWeight(NamedTuple):
+    """A weight packed for one of the runner's GEMMs (`kind`: float32, avx512 or amx, the bf16
+    path) and the most rows that GEMM takes for it."""
+
+    kind: str
+    packed: torch.Tensor
+    max_rows: int
+
+
+def _bf16_kind() -> str:
+    path = kernels.bf16_gemm_path()
+    if path is None:  # pragma: no cover - a runner GEMM is only set up on a path
+        raise RuntimeError("no runner bf16 GEMM on this host")
+    return path
+
+
 class Linear:
     """y = x W^T + b for x (M, K), W (N, K), b (N,) or None; W packed when `pack`."""
 
@@ -175,6 +192,17 @@ class Linear:
             raise RuntimeError("Linear has no weight")
         return F.linear(x, self._weight, self._bias)
 
+    def native(self) -> NativeWeight | None:
+        """This layer as runner.decode_loop calls it: where the runner's own GEMM runs it and it
+        has no bias; None elsewhere."""
+        if self._bias is not None:
+            return None
+        if self._packed is not None:
+            return NativeWeight("float32", self._packed, _ANY_ROWS)
+        if self._bf16 is not None and self._gemm is not None:
+            return NativeWeight(_bf16_kind(), self._bf16, self._gemm[1])
+        return None
+
     def _int8_linear(self, x: torch.Tensor) -> torch.Tensor:
         packed, scale, bias = self._int8  # type: ignore[misc]
         n = self.out_features
@@ -215,6 +243,14 @@ class SwiGLU:
             # by oneDNN when `pack`)
             both = torch.cat([gate, up]).contiguous()
             self._both = Linear(both, None, pack=pack, decode=False)
+
+    def native(self) -> NativeWeight | None:
+        """As `Linear.native`: gate/up packed together for the runner's fused SwiGLU."""
+        if self._packed is not None:
+            return NativeWeight("float32", self._packed, _ANY_ROWS)
+        if self._bf16 is not None and self._gemm is not None:
+            return NativeWeight(_bf16_kind(), self._bf16, self._gemm[1])
+        return None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 KERNEL_TESTS = [
     "tests/unit/runner/test_linear.py",
     "tests/unit/runner/test_fused_ops.py",
+    "tests/unit/runner/test_decode_loop.py",
     "tests/unit/runner/test_attention.py",
     "tests/unit/runner/test_int8.py",
     "tests/unit/runner/test_bf16_widen.py",

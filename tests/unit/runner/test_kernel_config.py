@@ -49,12 +49,15 @@ def test_switches_and_bad_values() -> None:
         {
             "MODELYARD_NATIVE_KERNELS": "0",
             "MODELYARD_DECODE_TEAM": "0",
+            "MODELYARD_DECODE_LOOP": "0",
             "MODELYARD_PREFILL_SDPA": "1",
             "MODELYARD_BF16_GEMM": "onednn",
         }
     )
     assert not config.native_kernels
     assert not config.decode_team
+    assert not config.decode_loop
+    assert KernelConfig.from_env({}).decode_loop
     assert config.prefill_sdpa
     assert config.packed_linear
     assert config.bf16_gemm == "onednn"

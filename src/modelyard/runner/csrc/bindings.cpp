@@ -56,6 +56,13 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   m.def("packed_swiglu_amx(Tensor x, Tensor packed, int width) -> Tensor");
   m.impl("packed_linear_amx", c10::DispatchKey::CPU, &packed_linear_amx);
   m.impl("packed_swiglu_amx", c10::DispatchKey::CPU, &packed_swiglu_amx);
+  // decode_loop.cpp
+  m.def(
+      "decode_layers(Tensor(a!) x, Tensor[] weights, Tensor[] norms, Tensor(b!)[] k_caches, "
+      "Tensor(c!)[] v_caches, Tensor cos, Tensor signed_sin, Tensor positions, Tensor slots, "
+      "Tensor block_tables, Tensor seq_lens, int gemm, int num_heads, int intermediate, "
+      "float eps, float scale, int window, int layout, int sum_width) -> ()");
+  m.impl("decode_layers", c10::DispatchKey::CPU, &decode_layers);
   // sampling.cpp
   m.def("sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniform) -> Tensor");
   m.impl("sample_rows", c10::DispatchKey::CPU, &sample_rows);

@@ -42,6 +42,15 @@ at::Tensor pack_swiglu_bf16(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor packed_linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 at::Tensor packed_swiglu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t width);
 
+// decode_loop.cpp
+void decode_layers(at::Tensor& x, at::TensorList weights, at::TensorList norms,
+                   at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& cos,
+                   const at::Tensor& signed_sin, const at::Tensor& positions,
+                   const at::Tensor& slots, const at::Tensor& block_tables,
+                   const at::Tensor& seq_lens, int64_t gemm, int64_t num_heads,
+                   int64_t intermediate, double eps, double scale, int64_t window,
+                   int64_t layout, int64_t sum_width);
+
 // team.cpp
 void team_begin();
 void team_end();

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from modelyard.engine.config import LoRAConfig
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
+from modelyard.runner.decode_loop import DecodeLoop, LoopShape
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, concat
 from modelyard.runner.kv_layout import KV_PLAIN, kv_layout
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
@@ -126,6 +127,23 @@ class LlamaModel:
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+        self.loop = self.decode_loop() if self.fused else None
+
+    def decode_loop(self) -> DecodeLoop | None:
+        """Every layer of `self.layers` in one compiled call where the weights allow it
+        (runner.decode_loop); a view with fewer layers builds its own."""
+        return DecodeLoop.build(
+            [(w.qkv, w.o, w.mlp_in, w.down) for w in self.layers],
+            [(w.input_norm, w.post_norm) for w in self.layers],
+            (self.k_cache, self.v_cache),
+            LoopShape(
+                num_heads=self.num_heads,
+                head_dim=self.head_dim,
+                eps=self.eps,
+                scale=self.scale,
+                layout=self.kv_layout,
+            ),
+        )
 
     @staticmethod
     def kv_bytes_per_block(config: Any, dtype: torch.dtype, block_size: int) -> int:
@@ -182,8 +200,11 @@ class LlamaModel:
         """Every decoder layer with the compiled element-wise ops: the same math as `_layer`, one
         pass per step instead of several torch ops (bf16: the same bits). x (T, H) is the
         residual stream, updated in place; each layer's last add is fused with the next layer's
-        norm."""
+        norm. Steps the compiled loop covers run these calls from C++ (runner.decode_loop)."""
         t = x.shape[0]
+        if self.loop is not None and self.loop.covers(meta, t, x.dtype):
+            self.loop.run(x, meta, self.cos, self.signed_sin)
+            return x
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         h = kernels.rms_norm(x, self.layers[0].input_norm, self.eps)
         for i, w in enumerate(self.layers):

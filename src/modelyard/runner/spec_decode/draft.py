@@ -45,6 +45,7 @@ def self_draft_model(target: LlamaModel, num_layers: int) -> LlamaModel:
     view.layers = target.layers[:num_layers]
     view.k_cache = target.k_cache[:num_layers]
     view.v_cache = target.v_cache[:num_layers]
+    view.loop = view.decode_loop() if view.fused else None  # the target's runs every layer
     return view
 
 
