@@ -7,9 +7,8 @@ packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA adapt
 (runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows (runner.sampler);
 `claim.h` splits work across threads; `rows.h` the row scans of argmax and the draw.
 torch's extension builder (g++, ninja) builds them into `MODELYARD_KERNEL_DIR` (default
-`~/.cache/modelyard/kernels`) under a name hashing the sources and their folder, torch's
-version and the CPU's flags, one builder at a time (runner.build_lock); `scripts/setup` builds
-ahead. A failed build or
+`~/.cache/modelyard/kernels`) under a name hashing sources, their folder, torch and CPU flags,
+one builder at a time (runner.build_lock); `scripts/setup` builds ahead. A failed build or
 `MODELYARD_NATIVE_KERNELS=0`: `load()` is False, and the pure-torch path computes the same."""
 
 from __future__ import annotations
@@ -47,9 +46,7 @@ def cpu_has(flag: str) -> bool:
 
 
 def _build_name() -> str:
-    """The build's folder name: the sources, their folder (torch's build files name the sources
-    by path, so two checkouts sharing one folder would rebuild each other's), torch's version,
-    the compiler flags and the CPU's flags."""
+    # the sources' folder too: torch's build files name sources by path (one build per checkout)
     digest = hashlib.sha256()
     texts = [f.read_text() for f in (*_SOURCES, *_HEADERS)]
     folder = str(_SOURCES[0].parent.resolve())
