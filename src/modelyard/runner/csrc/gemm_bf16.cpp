@@ -46,7 +46,10 @@ int64_t block_pairs(int64_t m, int64_t k) { return k <= 1024 || m == 1 ? 256 : 5
 // SWIGLU, a and b are a gate and an up panel and y gets 16 columns of silu(gate) * up); x rows
 // as 32-bit pairs (ldx pairs apart); pf: lines of the next panels to prefetch, `burst` of them
 // every `every` pairs (2 every pair where one call of up to 8 rows makes the whole unit: one
-// line a pair left half of the next unit to the hardware prefetchers, 10-37 % slower at 8 rows)
+// line a pair left half of the next unit to the hardware prefetchers, 10-37 % slower at 8 rows),
+// into L2: a unit is 36-96 KiB, more than an L1, and prefetches into L1 evicted the lines in use
+// (Zen 4, 32 KiB L1: 0.54-0.75x the time at 8 rows, 0.84-1.0x at 1, the same at 32; see
+// docs/benchmarks.md, "Figures behind choices")
 template <int MR, bool TWO, bool SWIGLU = false>
 void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b, int64_t pairs,
            at::BFloat16* y, int64_t ldy, int64_t ncols, const char* pf, int64_t every,
@@ -57,7 +60,7 @@ void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (int64_t j = j0; j < std::min(pairs, j0 + block); ++j) {
       if (pf != nullptr && --countdown == 0) {
-        for (int64_t l = 0; l < burst; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+        for (int64_t l = 0; l < burst; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
         pf += 64 * burst;
         countdown = every;
       }
