@@ -5,8 +5,8 @@ used to be no option on such hosts. Here a layer keeps its bf16 weight in 16-col
 (`pack`: (ceil(N / 16), K, 16), k-major, the float32 GEMM's layout), and the runner's kernel
 (`packed_linear_bf16w`) widens the weights to float32 (exact: the bits moved up) and sums over
 k in float32 FMAs, so memory delivers half the bytes of float32:
-- one row (a decode step of one request): four panel streams widened in registers
-  (`csrc/gemm_int8.cpp`);
+- one row (a decode step of one request): four panel streams widened in registers, a shift for
+  the even columns and a mask for the odd ones (`csrc/gemm_int8.cpp`), at memory's rate;
 - more rows: the float32 GEMM (`csrc/gemm.cpp`), whose first micro-kernel call on each chunk of
   panels widens it into an L1 buffer that the calls for the other rows read: the float32 GEMM's
   sums, bit for bit, at about its speed, and no float32 copy of the weight at prompt sizes.
