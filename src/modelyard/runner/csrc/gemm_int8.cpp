@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "claim.h"
@@ -30,7 +31,13 @@ using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h
 namespace {
 
 using modelyard::kNR;  // output columns per panel
-constexpr int64_t kMR = 8;  // rows of x per micro-kernel call
+// rows of x per micro-kernel call: each row's 16 sums take one AVX-512 register, two of AVX2's
+// 16, where 8 rows spilled them to the stack (3-10x the time of float32 at 8-32 rows)
+#if defined(__AVX512F__)
+constexpr int64_t kMR = 8;
+#else
+constexpr int64_t kMR = 4;
+#endif
 constexpr int64_t kPanelsPerUnit = 4;
 
 typedef float f16v __attribute__((vector_size(64), aligned(4)));
@@ -38,13 +45,47 @@ typedef int8_t i8x16 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
-inline f16v widen(const int8_t* p) {
+// A panel's 16 columns as kParts vectors of float32: one AVX-512 register, or two of AVX2's.
+// GCC lowers 16-float generic vectors on AVX2 through the stack (a conversion of int8 lane by
+// lane, accumulators spilled: 3-10x float32's time), so the loops below work on parts.
+#if defined(__AVX512F__)
+using part = f16v;
+#else
+using part = modelyard::v8;
+#endif
+constexpr int kParts = static_cast<int>(sizeof(f16v) / sizeof(part));
+constexpr int64_t kPartCols = kNR / kParts;
+
+// columns [j * kPartCols, (j + 1) * kPartCols) of weights p as float32, exact
+inline part widen(const int8_t* p, int j) {
+#if defined(__AVX512F__)
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  return reinterpret_cast<const part&>(f);
+#elif defined(__AVX2__)
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + j * kPartCols));
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  return reinterpret_cast<const part&>(f);
+#else
   return __builtin_convertvector(*reinterpret_cast<const i8x16*>(p), f16v);
+#endif
 }
 
-inline f16v widen(const uint16_t* p) {  // bf16 -> float32: the bits moved up, exact
+inline part widen(const uint16_t* p, int j) {  // bf16 -> float32: the bits moved up, exact
+#if defined(__AVX512F__) || !defined(__AVX2__)
   const u32x16 bits = __builtin_convertvector(*reinterpret_cast<const u16x16*>(p), u32x16) << 16;
   return reinterpret_cast<const f16v&>(bits);
+#else
+  return modelyard::load_bf16(p + j * kPartCols);
+#endif
+}
+
+inline part splat_part(float v) { return part{} + v; }
+
+// the parts of one row's sums as the 16 floats of a panel
+inline f16v joined(const part* parts) {
+  f16v out;
+  std::memcpy(&out, parts, sizeof(out));
+  return out;
 }
 
 // the next unit's weights, one 64-byte line from pf every `every` steps of k (none: pf null)
@@ -60,8 +101,6 @@ struct Trickle {
   }
 };
 
-inline f16v splat16(float v) { return f16v{v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
-
 // the k steps one sum runs over before it is added to the row's total: gemm.cpp's chunks for
 // bf16 (panels.h: a row's bits as in a call of more rows), all of K for int8
 template <typename W>
@@ -76,15 +115,18 @@ inline void micro(const float* x, int64_t ldx, const W* panel, int64_t k_len, f1
   Trickle trickle{pf, pf_every};
   const int64_t chunk = sum_chunk<W>(k_len);
   for (int64_t k0 = 0; k0 < k_len; k0 += chunk) {
-    f16v acc[MR];
-    for (int i = 0; i < MR; ++i) acc[i] = f16v{};
+    part acc[MR][kParts] = {};
     for (int64_t k = k0; k < std::min(k_len, k0 + chunk); ++k) {
       trickle.step();
-      const f16v w = widen(panel + k * kNR);
+      part w[kParts];
+      for (int j = 0; j < kParts; ++j) w[j] = widen(panel + k * kNR, j);
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) acc[i] += splat16(x[i * ldx + k]) * w;
+      for (int i = 0; i < MR; ++i) {
+        const part xk = splat_part(x[i * ldx + k]);
+        for (int j = 0; j < kParts; ++j) acc[i][j] += xk * w[j];
+      }
     }
-    for (int i = 0; i < MR; ++i) sums[i] = k0 == 0 ? acc[i] : sums[i] + acc[i];
+    for (int i = 0; i < MR; ++i) sums[i] = k0 == 0 ? joined(acc[i]) : sums[i] + joined(acc[i]);
   }
 }
 
@@ -104,19 +146,21 @@ inline void one_row4(const float* x, const W* panel, int64_t pstride, int64_t k_
   constexpr int64_t kAheadK = 2048 / (kNR * sizeof(W));
   const int64_t chunk = sum_chunk<W>(k_len);
   for (int64_t k0 = 0; k0 < k_len; k0 += chunk) {
-    f16v acc[kPanelsPerUnit] = {};
+    part acc[kPanelsPerUnit][kParts] = {};
     for (int64_t k = k0; k < std::min(k_len, k0 + chunk); ++k) {
       if (k % kPerLine == 0) {
         for (int p = 0; p < kPanelsPerUnit; ++p) {
           __builtin_prefetch(panel + p * pstride + (k + kAheadK) * kNR, 0, 2);
         }
       }
-      const f16v xk = splat16(x[k]);
+      const part xk = splat_part(x[k]);
       for (int p = 0; p < kPanelsPerUnit; ++p) {
-        acc[p] += xk * widen(panel + p * pstride + k * kNR);
+        for (int j = 0; j < kParts; ++j) acc[p][j] += xk * widen(panel + p * pstride + k * kNR, j);
       }
     }
-    for (int p = 0; p < kPanelsPerUnit; ++p) sums[p] = k0 == 0 ? acc[p] : sums[p] + acc[p];
+    for (int p = 0; p < kPanelsPerUnit; ++p) {
+      sums[p] = k0 == 0 ? joined(acc[p]) : sums[p] + joined(acc[p]);
+    }
   }
 }
 
