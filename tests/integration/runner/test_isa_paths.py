@@ -90,6 +90,29 @@ def test_kernels_pass_their_tests_on_a_forced_lower_path(kind: str) -> None:
     assert tests.returncode == 0, tests.stdout[-4000:]
 
 
+@pytest.mark.timeout(1200)  # a kernel build for the bare architecture where none is cached
+def test_the_bare_architecture_build_passes_the_gemm_tests() -> None:
+    """MODELYARD_ISA=generic (no AVX2) builds every kernel from its portable branches; the
+    weight-only GEMMs (int8, GGUF blocks, bf16 widened), whose loops differ most per kind, pass
+    their tests on that build. The libraries keep their own dispatch: the tests compare with
+    tolerances, not bits, where a library is the reference."""
+    env = {**os.environ, "MODELYARD_ISA": "generic"}
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    state = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert (state["isa"], state["loaded"], state["amx"]) == ("generic", True, False)
+    tests = [
+        "tests/unit/runner/test_int8.py",
+        "tests/unit/runner/test_gguf_weights.py",
+        "tests/unit/runner/test_bf16_widen.py",
+    ]
+    run = run_pytest(tests, env, timeout=1100)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert " passed" in run.stdout
+
+
 @pytest.mark.timeout(900)
 def test_amx_host_also_passes_with_the_plain_kv_layout() -> None:
     """On AMX hosts a bf16 KV cache takes the tile layout by default (runner.kv_layout);

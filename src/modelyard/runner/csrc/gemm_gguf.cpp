@@ -6,12 +6,13 @@
 // float32's 32. The blocks are repacked once at load into the float32 GEMM's panels (16 output
 // columns) per 32-k block: the block's 16 scales (and mins) as float32, then per k the 16
 // columns' quants (Q4_1: 8 bytes, column j in the low nibble of byte j and column j + 8 in its
-// high nibble; Q8_0: 16 bytes). Each k row is widened in registers to 16 floats, d q + m, which
-// is exact in float32 (a 4- or 8-bit integer times an 11-bit significand), so the weights are
-// bit for bit those of the GGUF's float32 dequantization (runner.loader's converted folder);
-// each output is then summed over k in order in float32 (its own order, not F.linear's). Work is
-// split by units of panels claimed by the threads in turn (claim.h); the next unit's bytes are
-// prefetched while one is computed. Up to kMR rows share each widened row of weights.
+// high nibble; Q8_0: 16 bytes). Each k row is widened in registers to 16 floats (one AVX-512
+// register or two AVX2 ones: panels.h's parts), d q + m, where d q is exact in float32 (a 4- or
+// 8-bit integer times an 11-bit significand), so the weights are bit for bit those of the GGUF's
+// float32 dequantization (runner.loader's converted folder); each output is then summed over k in
+// order in float32 (its own order, not F.linear's). Work is split by units of panels claimed by
+// the threads in turn (claim.h); the next unit's bytes are prefetched while one is computed. Up
+// to kMR rows share each widened row of weights; more rows widen each panel once into a buffer.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -21,7 +22,7 @@
 
 #include "claim.h"
 #include "ops.h"
-#include "vec.h"
+#include "panels.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -31,109 +32,85 @@ using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h
 
 namespace {
 
-constexpr int64_t kNR = 16;  // output columns per panel
+using modelyard::f16v;
+using modelyard::joined;
+using modelyard::kNR;  // output columns per panel
+using modelyard::kPartCols;
+using modelyard::kParts;
+using modelyard::load_part;
+using modelyard::part;
+using modelyard::splat_part;
 constexpr int64_t kBlockK = 32;
-constexpr int64_t kMR = 8;  // rows of x per micro-kernel call
+constexpr int64_t kMR = modelyard::kPartRows;  // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
 
-typedef float f16v __attribute__((vector_size(64), aligned(4)));
-
 enum Kind : int64_t { kQ4_1 = 0, kQ8_0 = 1 };
-
-#if defined(__AVX2__)
-using __m128i_like = __m128i;
-inline __m128i load_bytes(const uint8_t* p) {
-  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-}
-// 8 bytes -> their 16 nibbles: the low ones, then the high ones
-inline __m128i nibbles(const uint8_t* p) {
-  const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  const __m128i mask = _mm_set1_epi8(15);
-  return _mm_unpacklo_epi64(_mm_and_si128(packed, mask),
-                            _mm_and_si128(_mm_srli_epi16(packed, 4), mask));
-}
-// 16 bytes (rows k, k + 1) -> the nibbles of each row, low ones then high ones
-inline void nibble_rows(const uint8_t* p, __m128i* first, __m128i* second) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i mask = _mm_set1_epi8(15);
-  const __m128i lo = _mm_and_si128(packed, mask);
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-  *first = _mm_unpacklo_epi64(lo, hi);
-  *second = _mm_unpackhi_epi64(lo, hi);
-}
-#else
-struct __m128i_like {
-  uint8_t b[16];
-};
-inline __m128i_like load_bytes(const uint8_t* p) {
-  __m128i_like v;
-  std::memcpy(v.b, p, 16);
-  return v;
-}
-inline __m128i_like nibbles(const uint8_t* p) {
-  __m128i_like v;
-  for (int j = 0; j < 8; ++j) v.b[j] = p[j] & 15, v.b[j + 8] = p[j] >> 4;
-  return v;
-}
-inline void nibble_rows(const uint8_t* p, __m128i_like* first, __m128i_like* second) {
-  *first = nibbles(p), *second = nibbles(p + 8);
-}
-#endif
 
 // bytes of one (panel, 32-k block): the scales (and mins), then the quants
 constexpr int64_t scale_bytes(Kind kind) { return (kind == kQ4_1 ? 2 : 1) * kNR * 4; }
 constexpr int64_t quant_bytes(Kind kind) { return kBlockK * (kind == kQ4_1 ? 8 : 16); }
 constexpr int64_t block_bytes(Kind kind) { return scale_bytes(kind) + quant_bytes(kind); }
 
-inline f16v load16(const float* p) {
-  f16v v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// 16 bytes (unsigned, or signed with SIGNED) -> 16 floats; GCC makes the generic-vector
-// conversion of bytes lane by lane, so it is spelled out for each instruction set
-template <bool SIGNED>
-inline f16v widen(__m128i_like bytes) {
-  f16v out;
+// part j of the 16 quants of one k row as float32, exact (GCC converts bytes in generic vectors
+// lane by lane, so each instruction set's widening is spelled out). Q4_1: 8 bytes, column c in
+// the low nibble of byte c and column c + 8 in its high nibble; Q8_0: 16 signed bytes.
+template <Kind K>
+inline part quants(const uint8_t* q, int j) {
 #if defined(__AVX512F__)
-  const __m512i ints = SIGNED ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+  __m512i ints;
+  if constexpr (K == kQ4_1) {  // the 8 bytes' low nibbles, then their high ones
+    const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+    const __m128i mask = _mm_set1_epi8(15);
+    ints = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(
+        _mm_and_si128(packed, mask), _mm_and_si128(_mm_srli_epi16(packed, 4), mask)));
+  } else {
+    ints = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  }
   const __m512 f = _mm512_cvtepi32_ps(ints);
-  std::memcpy(&out, &f, sizeof(out));
+  (void)j;
+  return reinterpret_cast<const part&>(f);
 #elif defined(__AVX2__)
-  const __m128i upper = _mm_srli_si128(bytes, 8);
-  const __m256 a = _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
-  const __m256 b = _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(upper) : _mm256_cvtepu8_epi32(upper));
-  std::memcpy(&out, &a, sizeof(a));
-  std::memcpy(reinterpret_cast<char*>(&out) + sizeof(a), &b, sizeof(b));
+  __m256i ints;
+  if constexpr (K == kQ4_1) {
+    const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+    const __m256i bytes = _mm256_cvtepu8_epi32(packed);
+    ints = j == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15)) : _mm256_srli_epi32(bytes, 4);
+  } else {
+    ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j * 8)));
+  }
+  const __m256 f = _mm256_cvtepi32_ps(ints);
+  return reinterpret_cast<const part&>(f);
 #else
-  for (int c = 0; c < 16; ++c) {
-    out[c] = SIGNED ? static_cast<float>(static_cast<int8_t>(bytes.b[c])) : bytes.b[c];
+  part out;
+  for (int64_t c = 0; c < kPartCols; ++c) {
+    const int64_t col = j * kPartCols + c;
+    out[c] = K == kQ4_1 ? static_cast<float>(col < 8 ? q[col] & 15 : q[col - 8] >> 4)
+                        : static_cast<float>(static_cast<int8_t>(q[col]));
   }
-#endif
   return out;
+#endif
 }
 
-// the 16 weights of row k of one block (q: the block's quants; d, m: its scales and mins)
+// one block's scales (d) and mins (m, Q4_1) as parts
 template <Kind K>
-inline f16v weights(const uint8_t* q, int64_t k, const f16v& d, const f16v& m) {
-  if constexpr (K == kQ4_1) {
-    const __m128i_like cols = nibbles(q + k * 8);  // columns 0-7 then 8-15
-    return widen<false>(cols) * d + m;  // d q is exact: one rounding, as numpy's
-  } else {
-    return widen<true>(load_bytes(q + k * 16)) * d;
+struct Scales {
+  part d[kParts], m[kParts];
+  explicit Scales(const uint8_t* block) {
+    const float* scale = reinterpret_cast<const float*>(block);
+    for (int j = 0; j < kParts; ++j) {
+      d[j] = load_part(scale, j);
+      m[j] = K == kQ4_1 ? load_part(scale + kNR, j) : part{};
+    }
   }
-}
+};
 
-// rows k and k + 1 of one block (one load of both rows' nibbles for Q4_1)
+// the 16 weights of row k of one block (q: the block's quants) as parts: d q (+ m), where d q
+// is exact, so there is one rounding as in numpy's dequantization
 template <Kind K>
-inline void weight_rows(const uint8_t* q, int64_t k, const f16v& d, const f16v& m, f16v* w) {
-  if constexpr (K == kQ4_1) {
-    __m128i_like first, second;
-    nibble_rows(q + k * 8, &first, &second);
-    w[0] = widen<false>(first) * d + m, w[1] = widen<false>(second) * d + m;
-  } else {
-    w[0] = weights<K>(q, k, d, m), w[1] = weights<K>(q, k + 1, d, m);
+inline void weights(const uint8_t* q, int64_t k, const Scales<K>& s, part* w) {
+  const uint8_t* row = q + k * (K == kQ4_1 ? 8 : 16);
+  for (int j = 0; j < kParts; ++j) {
+    w[j] = K == kQ4_1 ? quants<K>(row, j) * s.d[j] + s.m[j] : quants<K>(row, j) * s.d[j];
   }
 }
 
@@ -141,31 +118,29 @@ inline void weight_rows(const uint8_t* q, int64_t k, const f16v& d, const f16v& 
 template <Kind K, int MR>
 inline void micro(const float* x, int64_t ldx, const uint8_t* panel, int64_t blocks, f16v* sums,
                   const char* pf, int64_t pf_every) {
-  f16v acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = f16v{};
+  part acc[MR][kParts] = {};
   int64_t countdown = 1;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = panel + b * block_bytes(K);
-    const float* scale = reinterpret_cast<const float*>(block);
-    const f16v d = load16(scale), m = K == kQ4_1 ? load16(scale + kNR) : f16v{};
+    const Scales<K> scales(block);
     const uint8_t* q = block + scale_bytes(K);
     const float* xb = x + b * kBlockK;
-    for (int64_t k = 0; k < kBlockK; k += 2) {
-      if (pf != nullptr && (countdown -= 2) <= 0) {
+    for (int64_t k = 0; k < kBlockK; ++k) {
+      if (pf != nullptr && --countdown <= 0) {
         __builtin_prefetch(pf, 0, 2);
         pf += 64;
         countdown += pf_every;
       }
-      f16v w[2];
-      weight_rows<K>(q, k, d, m, w);
+      part w[kParts];
+      weights<K>(q, k, scales, w);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
-        acc[i] += (f16v{} + xb[i * ldx + k]) * w[0];
-        acc[i] += (f16v{} + xb[i * ldx + k + 1]) * w[1];
+        const part xk = splat_part(xb[i * ldx + k]);
+        for (int j = 0; j < kParts; ++j) acc[i][j] += xk * w[j];
       }
     }
   }
-  for (int i = 0; i < MR; ++i) sums[i] = acc[i];
+  for (int i = 0; i < MR; ++i) sums[i] = joined(acc[i]);
 }
 
 template <Kind K, int MR>
@@ -180,11 +155,12 @@ template <Kind K>
 void widen_panel(const uint8_t* panel, int64_t blocks, float* w) {
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = panel + b * block_bytes(K);
-    const float* scale = reinterpret_cast<const float*>(block);
-    const f16v d = load16(scale), m = K == kQ4_1 ? load16(scale + kNR) : f16v{};
+    const Scales<K> scales(block);
     for (int64_t k = 0; k < kBlockK; ++k) {
-      const f16v row = weights<K>(block + scale_bytes(K), k, d, m);
-      std::memcpy(w + (b * kBlockK + k) * kNR, &row, sizeof(row));
+      part row[kParts];
+      weights<K>(block + scale_bytes(K), k, scales, row);
+      float* out = w + (b * kBlockK + k) * kNR;
+      for (int j = 0; j < kParts; ++j) *reinterpret_cast<part*>(out + j * kPartCols) = row[j];
     }
   }
 }
@@ -192,14 +168,17 @@ void widen_panel(const uint8_t* panel, int64_t blocks, float* w) {
 // rows (<= kMR) of x times a widened panel w -> sums (the float32 sums in micro's order)
 template <int MR>
 inline void micro_wide(const float* x, int64_t ldx, const float* w, int64_t k_len, f16v* sums) {
-  f16v acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = f16v{};
+  part acc[MR][kParts] = {};
   for (int64_t k = 0; k < k_len; ++k) {
-    const f16v wk = load16(w + k * kNR);
+    part wk[kParts];
+    for (int j = 0; j < kParts; ++j) wk[j] = load_part(w + k * kNR, j);
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) acc[i] += (f16v{} + x[i * ldx + k]) * wk;
+    for (int i = 0; i < MR; ++i) {
+      const part xk = splat_part(x[i * ldx + k]);
+      for (int j = 0; j < kParts; ++j) acc[i][j] += xk * wk[j];
+    }
   }
-  for (int i = 0; i < MR; ++i) sums[i] = acc[i];
+  for (int i = 0; i < MR; ++i) sums[i] = joined(acc[i]);
 }
 
 template <int MR>
@@ -248,7 +227,9 @@ void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t pane
       const int64_t col = q * kNR, cols = std::min(kNR, n - col);
       const uint8_t* panel = wp + q * per * panel_bytes;
       if (m > kMR) {
-        for (int h = 0; h < per; ++h) widen_panel<K>(panel + h * panel_bytes, blocks, &wide[h * k * kNR]);
+        for (int h = 0; h < per; ++h) {
+          widen_panel<K>(panel + h * panel_bytes, blocks, &wide[h * k * kNR]);
+        }
       }
       const char* pf = next != nullptr ? next + (q - q0) * share * 64 : nullptr;
       for (int64_t i = 0; i < m; i += kMR) {

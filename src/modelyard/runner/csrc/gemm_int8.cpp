@@ -30,31 +30,19 @@ using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h
 
 namespace {
 
+using modelyard::f16v;
+using modelyard::joined;
 using modelyard::kNR;  // output columns per panel
-// rows of x per micro-kernel call: each row's 16 sums take one AVX-512 register, two of AVX2's
-// 16, where 8 rows spilled them to the stack (3-10x the time of float32 at 8-32 rows)
-#if defined(__AVX512F__)
-constexpr int64_t kMR = 8;
-#else
-constexpr int64_t kMR = 4;
-#endif
+using modelyard::kPartCols;
+using modelyard::kParts;
+using modelyard::part;
+using modelyard::splat_part;
+constexpr int64_t kMR = modelyard::kPartRows;  // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
 
-typedef float f16v __attribute__((vector_size(64), aligned(4)));
-typedef int8_t i8x16 __attribute__((vector_size(16), aligned(1)));
+typedef int8_t i8x8 __attribute__((vector_size(8), aligned(1)));
 typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
-// A panel's 16 columns as kParts vectors of float32: one AVX-512 register, or two of AVX2's.
-// GCC lowers 16-float generic vectors on AVX2 through the stack (a conversion of int8 lane by
-// lane, accumulators spilled: 3-10x float32's time), so the loops below work on parts.
-#if defined(__AVX512F__)
-using part = f16v;
-#else
-using part = modelyard::v8;
-#endif
-constexpr int kParts = static_cast<int>(sizeof(f16v) / sizeof(part));
-constexpr int64_t kPartCols = kNR / kParts;
 
 // columns [j * kPartCols, (j + 1) * kPartCols) of weights p as float32, exact
 inline part widen(const int8_t* p, int j) {
@@ -66,26 +54,17 @@ inline part widen(const int8_t* p, int j) {
   const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
   return reinterpret_cast<const part&>(f);
 #else
-  return __builtin_convertvector(*reinterpret_cast<const i8x16*>(p), f16v);
+  return __builtin_convertvector(*reinterpret_cast<const i8x8*>(p + j * kPartCols), part);
 #endif
 }
 
 inline part widen(const uint16_t* p, int j) {  // bf16 -> float32: the bits moved up, exact
-#if defined(__AVX512F__) || !defined(__AVX2__)
+#if defined(__AVX512F__)
   const u32x16 bits = __builtin_convertvector(*reinterpret_cast<const u16x16*>(p), u32x16) << 16;
   return reinterpret_cast<const f16v&>(bits);
 #else
   return modelyard::load_bf16(p + j * kPartCols);
 #endif
-}
-
-inline part splat_part(float v) { return part{} + v; }
-
-// the parts of one row's sums as the 16 floats of a panel
-inline f16v joined(const part* parts) {
-  f16v out;
-  std::memcpy(&out, parts, sizeof(out));
-  return out;
 }
 
 // the next unit's weights, one 64-byte line from pf every `every` steps of k (none: pf null)
