@@ -43,6 +43,12 @@ using modelyard::splat_part;
 constexpr int64_t kBlockK = 32;
 constexpr int64_t kMR = modelyard::kPartRows;  // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
+// more rows than this widen each panel once into a buffer (AVX2: two passes of 4 rows in
+// registers beat widening at 5-8 rows, x1.1-1.7)
+constexpr int64_t kWideAbove = 8;
+// rows per call over a widened panel: AVX2 has registers for 6 rows' sums when no quants and
+// scales are held
+constexpr int64_t kWideMR = kMR == 4 ? 6 : kMR;
 
 enum Kind : int64_t { kQ4_1 = 0, kQ8_0 = 1 };
 
@@ -205,6 +211,23 @@ void store_row(T* out, const f16v& sum, const f16v* gate, const float* bias, int
   }
 }
 
+// y's 16 columns at col for the m rows of x, MR rows a call: rows_of(h, i, rows, sums) sums rows
+// i.. of x times the output's panel h (SWIGLU: gate 0, up 1)
+template <bool SWIGLU, int64_t MR, typename T, typename RowsOf>
+void output_rows(int64_t m, T* y, int64_t n, int64_t col, const float* bias,
+                 const RowsOf& rows_of) {
+  constexpr int per = SWIGLU ? 2 : 1;
+  for (int64_t i = 0; i < m; i += MR) {
+    const int rows = static_cast<int>(std::min(MR, m - i));
+    f16v sums[per][MR];
+    for (int h = 0; h < per; ++h) rows_of(h, i, rows, sums[h]);
+    for (int r = 0; r < rows; ++r) {
+      store_row(y + (i + r) * n + col, sums[per - 1][r], SWIGLU ? &sums[0][r] : nullptr,
+                bias ? bias + col : nullptr, std::min(kNR, n - col));
+    }
+  }
+}
+
 // y (M, n) = x W^T (+ bias); with SWIGLU the panels come in (gate, up) pairs and y is
 // silu(x Wg^T) * (x Wu^T). Up to kMR rows widen each panel's quants in registers as they
 // stream in; more rows widen a panel once into a per-thread buffer and run from there.
@@ -222,33 +245,26 @@ void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t pane
         following < units ? reinterpret_cast<const char*>(wp + following * unit_bytes) : nullptr;
     const int64_t share = per * panel_bytes / 64;  // lines of the next unit per output panel
     const int64_t every = std::max<int64_t>(1, per * k / std::max<int64_t>(1, share));
-    if (m > kMR) wide.resize(static_cast<size_t>(per * k * kNR));
+    if (m > kWideAbove) wide.resize(static_cast<size_t>(per * k * kNR));
     for (int64_t q = q0; q < q1; ++q) {
-      const int64_t col = q * kNR, cols = std::min(kNR, n - col);
+      const int64_t col = q * kNR;
       const uint8_t* panel = wp + q * per * panel_bytes;
-      if (m > kMR) {
+      if (m > kWideAbove) {
         for (int h = 0; h < per; ++h) {
           widen_panel<K>(panel + h * panel_bytes, blocks, &wide[h * k * kNR]);
         }
+        output_rows<SWIGLU, kWideMR>(m, yp, n, col, bias, [&](int h, int64_t i, int rows,
+                                                             f16v* sums) {
+          wide_rows<kWideMR>(rows, xp + i * k, k, &wide[h * k * kNR], k, sums);
+        });
+        continue;
       }
       const char* pf = next != nullptr ? next + (q - q0) * share * 64 : nullptr;
-      for (int64_t i = 0; i < m; i += kMR) {
-        const int rows = static_cast<int>(std::min(kMR, m - i));
-        f16v sums[per][kMR];
-        for (int h = 0; h < per; ++h) {
-          if (m > kMR) {
-            wide_rows<kMR>(rows, xp + i * k, k, &wide[h * k * kNR], k, sums[h]);
-          } else {
-            const char* lines = pf != nullptr ? pf + h * (share / per) * 64 : nullptr;
-            micro_rows<K, kMR>(rows, xp + i * k, k, panel + h * panel_bytes, blocks, sums[h],
-                               lines, every);
-          }
-        }
-        for (int r = 0; r < rows; ++r) {
-          store_row(yp + (i + r) * n + col, sums[per - 1][r], SWIGLU ? &sums[0][r] : nullptr,
-                    bias ? bias + col : nullptr, cols);
-        }
-      }
+      output_rows<SWIGLU, kMR>(m, yp, n, col, bias, [&](int h, int64_t i, int rows, f16v* sums) {
+        const char* lines = pf != nullptr && i == 0 ? pf + h * (share / per) * 64 : nullptr;
+        micro_rows<K, kMR>(rows, xp + i * k, k, panel + h * panel_bytes, blocks, sums, lines,
+                           every);
+      });
     }
   });
 }
