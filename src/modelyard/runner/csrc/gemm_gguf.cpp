@@ -217,8 +217,9 @@ template <bool SWIGLU, int64_t MR, typename T, typename RowsOf>
 void output_rows(int64_t m, T* y, int64_t n, int64_t col, const float* bias,
                  const RowsOf& rows_of) {
   constexpr int per = SWIGLU ? 2 : 1;
-  for (int64_t i = 0; i < m; i += MR) {
-    const int rows = static_cast<int>(std::min(MR, m - i));
+  for (int64_t i = 0, left = (m + MR - 1) / MR, step = 0; i < m; i += step, --left) {
+    step = (m - i + left - 1) / left;  // the fewest calls, as even as can be
+    const int rows = static_cast<int>(step);
     f16v sums[per][MR];
     for (int h = 0; h < per; ++h) rows_of(h, i, rows, sums[h]);
     for (int r = 0; r < rows; ++r) {

@@ -37,8 +37,13 @@ using modelyard::kPartCols;
 using modelyard::kParts;
 using modelyard::part;
 using modelyard::splat_part;
-constexpr int64_t kMR = modelyard::kPartRows;  // rows of x per micro-kernel call
+// rows of x per micro-kernel call: AVX2's 16 registers hold 6 rows' two accumulator parts, the
+// panel's two weight parts and a broadcast
+constexpr int64_t kMR = kParts == 1 ? 8 : 6;
 constexpr int64_t kPanelsPerUnit = 4;
+
+// m rows as the fewest calls of at most kMR rows, as even as can be (8 rows: 4 + 4, not 6 + 2)
+inline int64_t blocks_of(int64_t m) { return (m + kMR - 1) / kMR; }
 
 typedef int8_t i8x8 __attribute__((vector_size(8), aligned(1)));
 typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
@@ -224,11 +229,12 @@ void gemm(const float* xp, int64_t m, int64_t k, const at::Tensor& packed, const
       const int64_t share = next_lines / kPanelsPerUnit;
       const char* pf = next != nullptr ? next + (p - p0) * share * 64 : nullptr;
       const int64_t every = std::max<int64_t>(1, k / std::max<int64_t>(1, share));
-      for (int64_t i = 0; i < m; i += kMR) {
-        const int rows = static_cast<int>(std::min(kMR, m - i));
+      for (int64_t i = 0, left = blocks_of(m), rows = 0; i < m; i += rows, --left) {
+        rows = (m - i + left - 1) / left;
         f16v sums[kMR];
-        micro_rows<kMR, W>(rows, xp + i * k, k, panel, k, sums, i == 0 ? pf : nullptr, every);
-        for (int r = 0; r < rows; ++r) {
+        micro_rows<kMR, W>(static_cast<int>(rows), xp + i * k, k, panel, k, sums,
+                           i == 0 ? pf : nullptr, every);
+        for (int64_t r = 0; r < rows; ++r) {
           store_row(yp + (i + r) * n + col, sums[r], scale ? scale + col : nullptr,
                     bias ? bias + col : nullptr, cols);
         }
