@@ -19,6 +19,7 @@ in the engine:
 - **The float32 GEMM shapes** at 32 rows and at 1 row, and SwiGLU's fused gate/up; and at a
   prefill step's 2048 rows (4 layers' weights).
 - **The bf16 GEMM of hosts without AVX-512** (bf16 panels widened to float32) at 32 rows and 1.
+- **The int8 and GGUF-block GEMMs** (opt-in weights; `kernel_ab_quant.py`) at 32, 8 and 1 rows.
 - **The AMX GEMMs** (AMX hosts) over one decode step's bf16 weights in the engine's order, at
   32 rows and at 1 row.
 
@@ -55,6 +56,7 @@ from modelyard.runner import kernels
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import machine_info, write_json
+from kernel_ab_quant import quant_cases
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = "src/modelyard/runner/csrc"
@@ -349,6 +351,7 @@ def main() -> None:
         if all(hasattr(b, "packed_linear_bf16w") for b in builds.values()):
             cases.update(bf16w_cases(REQUESTS))
             cases.update(bf16w_cases(1))
+        cases.update(quant_cases(builds))
         cases = {name: run for name, run in cases.items() if re.search(args.cases, name)}
         for run in cases.values():  # untimed: packing, first touches
             for ops in builds.values():
