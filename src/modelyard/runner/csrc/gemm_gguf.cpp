@@ -11,8 +11,9 @@
 // 8-bit integer times an 11-bit significand), so the weights are bit for bit those of the GGUF's
 // float32 dequantization (runner.loader's converted folder); each output is then summed over k in
 // order in float32 (its own order, not F.linear's). Work is split by units of panels claimed by
-// the threads in turn (claim.h); the next unit's bytes are prefetched while one is computed. Up
-// to kMR rows share each widened row of weights; more rows widen each panel once into a buffer.
+// the threads in turn (claim.h); the next unit's bytes are prefetched while one is computed. One
+// row runs through four panels at once, up to kMR rows share each widened row of weights, and
+// more rows widen each panel once into a buffer.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -21,12 +22,9 @@
 #include <vector>
 
 #include "claim.h"
+#include "gguf_blocks.h"
 #include "ops.h"
 #include "panels.h"
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h)
 
@@ -36,11 +34,11 @@ using modelyard::f16v;
 using modelyard::joined;
 using modelyard::kNR;  // output columns per panel
 using modelyard::kPartCols;
-using modelyard::kParts;
 using modelyard::load_part;
+using modelyard::kParts;
 using modelyard::part;
 using modelyard::splat_part;
-constexpr int64_t kBlockK = 32;
+using namespace modelyard::gguf;  // Kind, the blocks' layout, weights()
 constexpr int64_t kMR = modelyard::kPartRows;  // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
 // more rows than this widen each panel once into a buffer (AVX2: two passes of 4 rows in
@@ -49,76 +47,8 @@ constexpr int64_t kWideAbove = 8;
 // rows per call over a widened panel: AVX2 has registers for 6 rows' sums when no quants and
 // scales are held
 constexpr int64_t kWideMR = kMR == 4 ? 6 : kMR;
-
-enum Kind : int64_t { kQ4_1 = 0, kQ8_0 = 1 };
-
-// bytes of one (panel, 32-k block): the scales (and mins), then the quants
-constexpr int64_t scale_bytes(Kind kind) { return (kind == kQ4_1 ? 2 : 1) * kNR * 4; }
-constexpr int64_t quant_bytes(Kind kind) { return kBlockK * (kind == kQ4_1 ? 8 : 16); }
-constexpr int64_t block_bytes(Kind kind) { return scale_bytes(kind) + quant_bytes(kind); }
-
-// part j of the 16 quants of one k row as float32, exact (GCC converts bytes in generic vectors
-// lane by lane, so each instruction set's widening is spelled out). Q4_1: 8 bytes, column c in
-// the low nibble of byte c and column c + 8 in its high nibble; Q8_0: 16 signed bytes.
-template <Kind K>
-inline part quants(const uint8_t* q, int j) {
-#if defined(__AVX512F__)
-  __m512i ints;
-  if constexpr (K == kQ4_1) {  // the 8 bytes' low nibbles, then their high ones
-    const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
-    const __m128i mask = _mm_set1_epi8(15);
-    ints = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(
-        _mm_and_si128(packed, mask), _mm_and_si128(_mm_srli_epi16(packed, 4), mask)));
-  } else {
-    ints = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  }
-  const __m512 f = _mm512_cvtepi32_ps(ints);
-  (void)j;
-  return reinterpret_cast<const part&>(f);
-#elif defined(__AVX2__)
-  __m256i ints;
-  if constexpr (K == kQ4_1) {
-    const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
-    const __m256i bytes = _mm256_cvtepu8_epi32(packed);
-    ints = j == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15)) : _mm256_srli_epi32(bytes, 4);
-  } else {
-    ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j * 8)));
-  }
-  const __m256 f = _mm256_cvtepi32_ps(ints);
-  return reinterpret_cast<const part&>(f);
-#else
-  part out;
-  for (int64_t c = 0; c < kPartCols; ++c) {
-    const int64_t col = j * kPartCols + c;
-    out[c] = K == kQ4_1 ? static_cast<float>(col < 8 ? q[col] & 15 : q[col - 8] >> 4)
-                        : static_cast<float>(static_cast<int8_t>(q[col]));
-  }
-  return out;
-#endif
-}
-
-// one block's scales (d) and mins (m, Q4_1) as parts
-template <Kind K>
-struct Scales {
-  part d[kParts], m[kParts];
-  explicit Scales(const uint8_t* block) {
-    const float* scale = reinterpret_cast<const float*>(block);
-    for (int j = 0; j < kParts; ++j) {
-      d[j] = load_part(scale, j);
-      m[j] = K == kQ4_1 ? load_part(scale + kNR, j) : part{};
-    }
-  }
-};
-
-// the 16 weights of row k of one block (q: the block's quants) as parts: d q (+ m), where d q
-// is exact, so there is one rounding as in numpy's dequantization
-template <Kind K>
-inline void weights(const uint8_t* q, int64_t k, const Scales<K>& s, part* w) {
-  const uint8_t* row = q + k * (K == kQ4_1 ? 8 : 16);
-  for (int j = 0; j < kParts; ++j) {
-    w[j] = K == kQ4_1 ? quants<K>(row, j) * s.d[j] + s.m[j] : quants<K>(row, j) * s.d[j];
-  }
-}
+// weight panels one row of x runs through at once
+constexpr int64_t kRowPanels = 4;
 
 // rows (<= kMR) of x (float32, ldx apart) times one panel (`blocks` 32-k blocks) -> sums
 template <Kind K, int MR>
@@ -154,6 +84,44 @@ void micro_rows(int rows, const float* x, int64_t ldx, const uint8_t* panel, int
                 f16v* sums, const char* pf, int64_t pf_every) {
   if (rows == MR) return micro<K, MR>(x, ldx, panel, blocks, sums, pf, pf_every);
   if constexpr (MR > 1) micro_rows<K, MR - 1>(rows, x, ldx, panel, blocks, sums, pf, pf_every);
+}
+
+// one row of x times P panels (`panel_bytes` apart) at once -> sums, each column summed in
+// micro's order: P sums in flight, where one panel's sum alone waits on its FMA at every k
+template <Kind K, int P>
+inline void one_row(const float* x, const uint8_t* panels, int64_t panel_bytes, int64_t blocks,
+                    f16v* sums, const char* pf, int64_t pf_every) {
+  part acc[P][kParts] = {};
+  int64_t countdown = 1;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = panels + b * block_bytes(K);
+    Scales<K> scales[P];
+    for (int p = 0; p < P; ++p) scales[p] = Scales<K>(block + p * panel_bytes);
+    const float* xb = x + b * kBlockK;
+    for (int64_t k = 0; k < kBlockK; ++k) {
+      if (pf != nullptr && --countdown <= 0) {
+        __builtin_prefetch(pf, 0, 2);
+        pf += 64;
+        countdown += pf_every;
+      }
+      const part xk = splat_part(xb[k]);
+      for (int p = 0; p < P; ++p) {
+        part w[kParts];
+        weights<K>(block + p * panel_bytes + scale_bytes(K), k, scales[p], w);
+        for (int j = 0; j < kParts; ++j) acc[p][j] += xk * w[j];
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) sums[p] = joined(acc[p]);
+}
+
+template <Kind K, int P>
+void one_row_panels(int count, const float* x, const uint8_t* panels, int64_t panel_bytes,
+                    int64_t blocks, f16v* sums, const char* pf, int64_t pf_every) {
+  if (count == P) return one_row<K, P>(x, panels, panel_bytes, blocks, sums, pf, pf_every);
+  if constexpr (P > 1) {
+    one_row_panels<K, P - 1>(count, x, panels, panel_bytes, blocks, sums, pf, pf_every);
+  }
 }
 
 // one panel widened once into w (k_len x 16 floats, k-major), for many row blocks
@@ -229,6 +197,29 @@ void output_rows(int64_t m, T* y, int64_t n, int64_t col, const float* bias,
   }
 }
 
+// y's columns from col for one row of x: a unit's `count` weight panels, kRowPanels at a time,
+// each group prefetching its share of the next unit's bytes (at `next`)
+template <Kind K, bool SWIGLU, typename T>
+void one_row_unit(const float* x, const uint8_t* panels, int64_t count, int64_t panel_bytes,
+                  int64_t blocks, const char* next, T* y, int64_t n, int64_t col,
+                  const float* bias) {
+  constexpr int per = SWIGLU ? 2 : 1;
+  f16v sums[kPanelsPerUnit * per];
+  for (int64_t g = 0; g < count; g += kRowPanels) {
+    const int64_t group = std::min(kRowPanels, count - g);
+    const int64_t lines = group * panel_bytes / 64;
+    const int64_t every = std::max<int64_t>(1, blocks * kBlockK / lines);
+    one_row_panels<K, kRowPanels>(static_cast<int>(group), x, panels + g * panel_bytes,
+                                  panel_bytes, blocks, sums + g,
+                                  next != nullptr ? next + g * panel_bytes : nullptr, every);
+  }
+  for (int64_t q = 0; q < count / per; ++q) {
+    const int64_t c = col + q * kNR;
+    store_row(y + c, sums[q * per + per - 1], SWIGLU ? &sums[q * per] : nullptr,
+              bias ? bias + c : nullptr, std::min(kNR, n - c));
+  }
+}
+
 // y (M, n) = x W^T (+ bias); with SWIGLU the panels come in (gate, up) pairs and y is
 // silu(x Wg^T) * (x Wu^T). Up to kMR rows widen each panel's quants in registers as they
 // stream in; more rows widen a panel once into a per-thread buffer and run from there.
@@ -246,6 +237,10 @@ void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t pane
         following < units ? reinterpret_cast<const char*>(wp + following * unit_bytes) : nullptr;
     const int64_t share = per * panel_bytes / 64;  // lines of the next unit per output panel
     const int64_t every = std::max<int64_t>(1, per * k / std::max<int64_t>(1, share));
+    if (m == 1) {
+      return one_row_unit<K, SWIGLU>(xp, wp + q0 * per * panel_bytes, (q1 - q0) * per,
+                                     panel_bytes, blocks, next, yp, n, q0 * kNR, bias);
+    }
     if (m > kWideAbove) wide.resize(static_cast<size_t>(per * k * kNR));
     for (int64_t q = q0; q < q1; ++q) {
       const int64_t col = q * kNR;
