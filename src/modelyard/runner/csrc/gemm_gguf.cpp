@@ -38,6 +38,7 @@ using modelyard::load_part;
 using modelyard::kParts;
 using modelyard::part;
 using modelyard::splat_part;
+using modelyard::Trickle;
 using namespace modelyard::gguf;  // Kind, the blocks' layout, weights()
 constexpr int64_t kMR = modelyard::kPartRows;  // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
@@ -55,18 +56,14 @@ template <Kind K, int MR>
 inline void micro(const float* x, int64_t ldx, const uint8_t* panel, int64_t blocks, f16v* sums,
                   const char* pf, int64_t pf_every) {
   part acc[MR][kParts] = {};
-  int64_t countdown = 1;
+  Trickle trickle{pf, pf_every};
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = panel + b * block_bytes(K);
     const Scales<K> scales(block);
     const uint8_t* q = block + scale_bytes(K);
     const float* xb = x + b * kBlockK;
     for (int64_t k = 0; k < kBlockK; ++k) {
-      if (pf != nullptr && --countdown <= 0) {
-        __builtin_prefetch(pf, 0, 2);
-        pf += 64;
-        countdown += pf_every;
-      }
+      trickle.step();
       part w[kParts];
       weights<K>(q, k, scales, w);
 #pragma GCC unroll 8
@@ -92,18 +89,14 @@ template <Kind K, int P>
 inline void one_row(const float* x, const uint8_t* panels, int64_t panel_bytes, int64_t blocks,
                     f16v* sums, const char* pf, int64_t pf_every) {
   part acc[P][kParts] = {};
-  int64_t countdown = 1;
+  Trickle trickle{pf, pf_every};
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = panels + b * block_bytes(K);
     Scales<K> scales[P];
     for (int p = 0; p < P; ++p) scales[p] = Scales<K>(block + p * panel_bytes);
     const float* xb = x + b * kBlockK;
     for (int64_t k = 0; k < kBlockK; ++k) {
-      if (pf != nullptr && --countdown <= 0) {
-        __builtin_prefetch(pf, 0, 2);
-        pf += 64;
-        countdown += pf_every;
-      }
+      trickle.step();
       const part xk = splat_part(xb[k]);
       for (int p = 0; p < P; ++p) {
         part w[kParts];

@@ -37,6 +37,7 @@ using modelyard::kPartCols;
 using modelyard::kParts;
 using modelyard::part;
 using modelyard::splat_part;
+using modelyard::Trickle;
 // rows of x per micro-kernel call: AVX2's 16 registers hold 6 rows' two accumulator parts, the
 // panel's two weight parts and a broadcast
 constexpr int64_t kMR = kParts == 1 ? 8 : 6;
@@ -71,19 +72,6 @@ inline part widen(const uint16_t* p, int j) {  // bf16 -> float32: the bits move
   return modelyard::load_bf16(p + j * kPartCols);
 #endif
 }
-
-// the next unit's weights, one 64-byte line from pf every `every` steps of k (none: pf null)
-struct Trickle {
-  const char* pf;
-  int64_t every, countdown = 1;
-  void step() {
-    if (pf != nullptr && --countdown == 0) {
-      __builtin_prefetch(pf, 0, 2);
-      pf += 64;
-      countdown = every;
-    }
-  }
-};
 
 // the k steps one sum runs over before it is added to the row's total: gemm.cpp's chunks for
 // bf16 (panels.h: a row's bits as in a call of more rows), all of K for int8

@@ -1,7 +1,8 @@
 // The weight panels of the float32, bf16-widened, int8 and GGUF-block GEMMs (gemm.cpp,
 // gemm_int8.cpp, gemm_gguf.cpp): 16 output columns, k-major, and the K chunks a sum is cut into.
 // A bf16 row summed by either file takes the same chunks in the same order, so a request's bits
-// do not depend on how many rows share its call. Also the parts a panel's row is computed in.
+// do not depend on how many rows share its call. Also the parts a panel's row is computed in and
+// the trickle of prefetches into the next unit's weights.
 #pragma once
 
 #include <cstdint>
@@ -62,5 +63,18 @@ inline f16v joined(const part* parts) {
                                  14, 15);
 #endif
 }
+
+// the next unit's weights, one 64-byte line from pf every `every` steps of k (none: pf null)
+struct Trickle {
+  const char* pf;
+  int64_t every, countdown = 1;
+  void step() {
+    if (pf != nullptr && --countdown == 0) {
+      __builtin_prefetch(pf, 0, 2);
+      pf += 64;
+      countdown = every;
+    }
+  }
+};
 
 }  // namespace modelyard
