@@ -31,6 +31,7 @@ using namespace modelyard::ops;  // (the ops this file defines at its end, ops.h
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -366,6 +367,48 @@ struct PagedKV {
       prefetch_rows(v + block_row(r, h, b) * hd, bs * hd);
     }
   }
+
+  // the blocks prefetch_item(item) would fetch: [begin, end), none when the row continues
+  std::pair<int64_t, int64_t> item_blocks(int64_t item) const {
+    const int64_t r = item / nkv;
+    if (continues(r)) return {0, 0};
+    const auto [first, len] = key_range(r);
+    const int64_t budget = kPrefetchBytes / (2 * bs * hd * int64_t(sizeof(T)));
+    return {first / bs, std::min((len - 1) / bs + 1, first / bs + budget)};
+  }
+};
+
+// The following item's K/V lines (what prefetch_item fetches), issued a few at a time while the
+// current item computes: issued at once, they fill the core's miss queue and the item waits
+// for the fetch before it computes, so the fetch and the arithmetic do not overlap.
+template <typename T>
+struct ItemTrickle {
+  const PagedKV<T>* kv = nullptr;
+  int64_t r = 0, h = 0, block = 0, stop = 0, line = 0, lines_per_block = 0;
+
+  ItemTrickle(const PagedKV<T>& cache, int64_t item) : kv(&cache) {
+    if (item < 0) return;
+    r = item / cache.nkv;
+    h = item % cache.nkv;
+    std::tie(block, stop) = cache.item_blocks(item);
+    lines_per_block = cache.bs * cache.hd * int64_t(sizeof(T)) / 64;
+  }
+
+  // lines left to issue
+  int64_t left() const { return (stop - block) * 2 * lines_per_block - line; }
+
+  void issue(int64_t lines) {
+    for (; lines > 0 && block < stop; --lines) {
+      const bool is_k = line < lines_per_block;
+      const T* base = (is_k ? kv->k : kv->v) + kv->block_row(r, h, block) * kv->hd;
+      const int64_t at = is_k ? line : line - lines_per_block;
+      __builtin_prefetch(reinterpret_cast<const char*>(base) + at * 64, 0, 2);
+      if (++line == 2 * lines_per_block) {
+        line = 0;
+        ++block;
+      }
+    }
+  }
 };
 
 // What a bf16 decode kernel reads and writes: the caches, the query rows (q, rows q_row apart,
@@ -429,10 +472,12 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     if (!std::is_same_v<T, float>) widened.resize(static_cast<size_t>(bs * hd));
     alignas(32) float inv[64];  // 1 / softmax sum of each of the g query rows
     if (opening) kv.prefetch_item(item);
-    if (following < d * nkv) kv.prefetch_item(following);
+    ItemTrickle<T> next(kv, following < d * nkv ? following : -1);
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = kv.prefetch_until(r);
+    const int64_t runs = 2 * ((len - 1) / bs - first / bs + 1);  // block runs, K and V passes
+    const int64_t per_run = (next.left() + runs - 1) / runs;
     scores.resize(static_cast<size_t>(g * n));
     const float* qh = qp + r * q_row + h * g * hd;  // the g query rows of this KV head
     // keys come in runs that stay inside one block: contiguous rows
@@ -441,6 +486,7 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
       if (b < last_block) prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
       const float* keys =
           as_float(kv.k + (kv.block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+      next.issue(per_run);
       block_scores(qh, keys, run, g, hd, fscale, scores.data() + (p - first), n);
       p += run;
     }
@@ -451,9 +497,11 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
       if (b < last_block) prefetch_rows(kv.v + kv.block_row(r, h, b + 1) * hd, bs * hd);
       const float* values =
           as_float(kv.v + (kv.block_row(r, h, b) + p % bs) * hd, run * hd, widened.data());
+      next.issue(per_run);
       block_values(scores.data() + (p - first), values, run, g, hd, n, oh);
       p += run;
     }
+    next.issue(next.left());
     finish_rows<T>(oh, g, hd, inv);
   });
   return out;
@@ -845,7 +893,8 @@ inline void unscramble(__m512 lo, __m512 hi, float f, at::BFloat16* out) {
 // scaled, into s[j * stride + t]
 template <int G, int C>
 void dp_item_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h,
-                    const at::BFloat16* qh, float scale, float* s, int64_t stride) {
+                    const at::BFloat16* qh, float scale, float* s, int64_t stride,
+                    ItemTrickle<at::BFloat16>& next, int64_t per_run) {
   constexpr int64_t hd = 32 * C;
   const auto [first, len] = kv.key_range(r);
   const int64_t bs = kv.bs, last_block = kv.prefetch_until(r);
@@ -857,6 +906,7 @@ void dp_item_scores(const PagedKV<at::BFloat16>& kv, int64_t r, int64_t h,
     const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
     if (b < last_block) prefetch_rows(kv.k + kv.block_row(r, h, b + 1) * hd, bs * hd);
     const at::BFloat16* keys = kv.k + (kv.block_row(r, h, b) + p % bs) * hd;
+    next.issue(per_run);
     int64_t o = 0;
     for (; o + 16 <= run; o += 16) {
       dp_scores<G, C, true>(qv, keys + o * hd, 16, scale, s + (p - first) + o, stride);
@@ -884,10 +934,13 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
                                                   bool opening) {
     thread_local std::vector<float> scores;  // G rows, stride apart
     thread_local std::vector<bf16> probs;    // the same, exponentiated and rounded
-    call.prefetch(item, following, opening);
+    if (opening) kv.prefetch_item(item);
+    ItemTrickle<bf16> next(kv, following < call.items() ? following : -1);
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = kv.prefetch_until(r);
+    const int64_t runs = 2 * ((len - 1) / bs - first / bs + 1);  // block runs, K and V passes
+    const int64_t per_run = (next.left() + runs - 1) / runs;
     const int64_t stride = (n + 2) & ~int64_t(1);  // even: room for a pair past the last key
     constexpr int64_t front = AMX ? 16 : 0;  // AMX: room for a chunk's lanes before `first`
     scores.resize(static_cast<size_t>(G * stride + front));
@@ -903,7 +956,7 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       if (following >= call.items()) _tile_release();  // this thread's last item
     }
 #endif
-    if constexpr (!AMX) dp_item_scores<G, C>(kv, r, h, qh, fscale, s, stride);
+    if constexpr (!AMX) dp_item_scores<G, C>(kv, r, h, qh, fscale, s, stride, next, per_run);
     float inv[G];
     for (int j = 0; j < G; ++j) inv[j] = exp_probs(s + j * stride, n, probs.data() + j * stride);
     __m512 acc[G][C][2];
@@ -914,9 +967,11 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       const int64_t b = p / bs, run = std::min(len, (b + 1) * bs) - p;
       if (b < last_block) prefetch_rows(kv.v + kv.block_row(r, h, b + 1) * hd, bs * hd);
       const bf16* values = kv.v + (kv.block_row(r, h, b) + p % bs) * hd;
+      next.issue(per_run);
       dp_values<G, C>(probs.data() + (p - first), stride, values, run, acc);
       p += run;
     }
+    next.issue(next.left());  // what the runs left (AMX scores issue none)
     bf16* oh = call.output_rows(r, h, G);
     for (int j = 0; j < G; ++j) {
       for (int c = 0; c < C; ++c) {
