@@ -380,7 +380,8 @@ struct PagedKV {
 
 // The following item's K/V lines (what prefetch_item fetches), issued a few at a time while the
 // current item computes: issued at once, they fill the core's miss queue and the item waits
-// for the fetch before it computes, so the fetch and the arithmetic do not overlap.
+// for the fetch before it computes, so the fetch and the arithmetic do not overlap (figures:
+// docs/benchmarks.md, "Figures behind choices").
 template <typename T>
 struct ItemTrickle {
   const PagedKV<T>* kv = nullptr;
@@ -396,6 +397,14 @@ struct ItemTrickle {
 
   // lines left to issue
   int64_t left() const { return (stop - block) * 2 * lines_per_block - line; }
+
+  // lines to issue with each block run of an item over keys [first, len), K and V passes alike
+  // (0 where there are none, as after the rows of a prompt chunk)
+  int64_t per_run(int64_t first, int64_t len) const {
+    if (block >= stop) return 0;
+    const int64_t bs = kv->bs, runs = 2 * ((len - 1) / bs - first / bs + 1);
+    return (left() + runs - 1) / runs;
+  }
 
   void issue(int64_t lines) {
     for (; lines > 0 && block < stop; --lines) {
@@ -476,8 +485,7 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = kv.prefetch_until(r);
-    const int64_t runs = 2 * ((len - 1) / bs - first / bs + 1);  // block runs, K and V passes
-    const int64_t per_run = (next.left() + runs - 1) / runs;
+    const int64_t per_run = next.per_run(first, len);
     scores.resize(static_cast<size_t>(g * n));
     const float* qh = qp + r * q_row + h * g * hd;  // the g query rows of this KV head
     // keys come in runs that stay inside one block: contiguous rows
@@ -939,8 +947,7 @@ at::Tensor decode_dp(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     const int64_t r = item / nkv, h = item % nkv;
     const auto [first, len] = kv.key_range(r);
     const int64_t n = len - first, last_block = kv.prefetch_until(r);
-    const int64_t runs = 2 * ((len - 1) / bs - first / bs + 1);  // block runs, K and V passes
-    const int64_t per_run = (next.left() + runs - 1) / runs;
+    const int64_t per_run = next.per_run(first, len);
     const int64_t stride = (n + 2) & ~int64_t(1);  // even: room for a pair past the last key
     constexpr int64_t front = AMX ? 16 : 0;  // AMX: room for a chunk's lanes before `first`
     scores.resize(static_cast<size_t>(G * stride + front));
