@@ -1,8 +1,8 @@
 """Native CPU kernels of the runner, compiled once per machine and cached.
 
-csrc/: `paged_decode.cpp` attention straight from the paged KV cache; `fused_ops.cpp` a decoder
-layer's element-wise steps in one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU);
-`gemm.cpp` / `gemm_bf16.cpp` / `gemm_amx.cpp` / `gemm_int8.cpp` the linear layers on weights
+csrc/: `paged_decode.cpp` attention from the paged KV cache (bf16 paths: `decode_dp.cpp`,
+`decode_tiles.cpp`); `fused_ops.cpp` a decoder layer's element-wise steps in one pass each
+(RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU); `gemm*.cpp` the linear layers on weights
 packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA adapters' deltas
 (runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows (runner.sampler);
 `claim.h` splits work across threads; `rows.h` the row scans of argmax and the draw.

@@ -2,7 +2,7 @@
 
 KV_PLAIN: one row per key. KV_TILES: K as (hd / 2, bs, 2), the pairs of head dims of each key
 side by side, and V as (bs / 2, hd, 2), the values of each pair of keys side by side: the B
-operands of AMX tile multiplies, which decode attention reads in place (csrc/paged_decode.cpp,
+operands of AMX tile multiplies, which decode attention reads in place (csrc/decode_tiles.cpp,
 `decode_tiles`; `kernels.rope_store` writes either layout). The cache tensors keep their
 (nkv, NB, bs, hd) shape either way; only the compiled kernels read or write the tile layout.
 """

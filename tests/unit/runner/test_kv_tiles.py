@@ -1,5 +1,5 @@
 """The tile layout of a bf16 KV cache on AMX hosts (runner.kv_layout): rope_store writes
-it, decode attention reads it (csrc/paged_decode.cpp, decode_tiles), and the result is the
+it, decode attention reads it (csrc/decode_tiles.cpp, decode_tiles), and the result is the
 plain layout's attention to a bf16 rounding. Skipped where AMX tiles do not run."""
 
 from __future__ import annotations

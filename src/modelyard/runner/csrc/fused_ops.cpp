@@ -252,7 +252,7 @@ inline void rotate(T* x, const T* c, const T* s, int64_t half) {
 // The tile layout of a KV cache (runner.kv_layout.KV_TILES): within each (bs, hd) block of
 // one KV head, K as (hd / 2, bs, 2), the pairs of head dims of each key side by side per dim
 // pair, and V as (bs / 2, hd, 2), the values of each pair of keys side by side per dim: the B
-// operands of AMX tile multiplies (csrc/paged_decode.cpp), read in place. slot_row: the row of
+// operands of AMX tile multiplies (csrc/decode_tiles.cpp), read in place. slot_row: the row of
 // the (nkv * NB * bs, hd) cache view the key would take in the plain layout.
 constexpr int64_t kTileLayout = 1;
 
