@@ -1,11 +1,11 @@
 """Native CPU kernels of the runner, compiled once per machine and cached.
 
 csrc/: `paged_decode.cpp` attention from the paged KV cache (bf16 paths: `decode_dp.cpp`,
-`decode_tiles.cpp`); `fused_ops.cpp` a decoder layer's element-wise steps in one pass each
-(RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU); `gemm*.cpp` the linear layers on weights
-packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA adapters' deltas
-(runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows (runner.sampler);
-`claim.h` splits work across threads; `rows.h` the row scans of argmax and the draw.
+`decode_tiles.cpp`); `rms_norm.cpp` / `fused_ops.cpp` a decoder layer's element-wise steps in
+one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU); `gemm*.cpp` the linear
+layers on weights packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA
+adapters' deltas (runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows
+(runner.sampler); `claim.h` splits work across threads; `rows.h` the scans of argmax and the draw.
 torch's extension builder (g++, ninja) builds them into `MODELYARD_KERNEL_DIR` (default
 `~/.cache/modelyard/kernels`) under a name hashing sources, their folder, torch and CPU flags,
 one builder at a time (runner.build_lock); `scripts/setup` builds ahead. A failed build or

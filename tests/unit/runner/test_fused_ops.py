@@ -1,6 +1,6 @@
-"""The compiled element-wise ops (runner.kernels / csrc/fused_ops.cpp) against the torch ops
-they replace, in float32 and bfloat16 (where they must round where the torch ops do), and a
-whole forward with and without them."""
+"""The compiled element-wise ops (runner.kernels / csrc/fused_ops.cpp, csrc/rms_norm.cpp)
+against the torch ops they replace, in float32 and bfloat16 (where they must round where the
+torch ops do), and a whole forward with and without them."""
 
 from __future__ import annotations
 

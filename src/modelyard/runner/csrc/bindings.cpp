@@ -11,7 +11,7 @@ TORCH_LIBRARY(modelyard_kernels, m) {
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, float scale, int window, int layout=0) -> Tensor");
   m.impl("paged_decode_attention", c10::DispatchKey::CPU, &paged_decode_attention);
-  // fused_ops.cpp
+  // rms_norm.cpp, fused_ops.cpp
   m.def("rms_norm(Tensor x, Tensor weight, float eps, int sum_width) -> Tensor");
   m.def(
       "add_rms_norm(Tensor(a!) x, Tensor delta, Tensor weight, float eps, int sum_width) -> "

@@ -14,12 +14,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                   const at::Tensor& seq_lens, double scale, int64_t window,
                                   int64_t layout);
 
-// fused_ops.cpp
+// rms_norm.cpp
 at::Tensor mean_squares(const at::Tensor& x, int64_t sum_width);
-at::Tensor silu_mul(const at::Tensor& x);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, int64_t sum_width);
 at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                         double eps, int64_t sum_width);
+
+// fused_ops.cpp
+at::Tensor silu_mul(const at::Tensor& x);
 at::Tensor argmax_rows(const at::Tensor& x);
 void rope_store(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
                 const at::Tensor& positions, at::Tensor& k_cache, at::Tensor& v_cache,
