@@ -1,5 +1,6 @@
 """The source tree keeps its shape: no import circles between modules (imports inside functions
-count), no module much past 400 lines, every test module marked with its layer."""
+count), no module much past 400 lines (the C++ kernels too), every test module marked with its
+layer."""
 
 from __future__ import annotations
 
@@ -90,6 +91,22 @@ def test_modules_stay_small() -> None:
     sizes = {p.relative_to(SRC): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
     too_large = {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES and p not in KNOWN_LARGE}
     assert too_large == {}
+
+
+def test_kernel_sources_stay_small_and_narrow() -> None:
+    """The runner's C++ kernels (runner/csrc) keep the Python modules' limits: files of at most
+    MAX_MODULE_LINES lines, lines of at most 100 characters (ruff's line length)."""
+    sources = sorted((SRC / "runner" / "csrc").glob("*.[ch]*"))
+    assert sources
+    too_large: dict[str, int] = {}
+    too_wide: list[str] = []
+    for path in sources:
+        lines = path.read_text().splitlines()
+        if len(lines) > MAX_MODULE_LINES:
+            too_large[path.name] = len(lines)
+        too_wide += [f"{path.name}:{n}" for n, line in enumerate(lines, 1) if len(line) > 100]
+    assert too_large == {}
+    assert too_wide == []
 
 
 def test_every_test_module_has_a_layer_marker() -> None:

@@ -1,9 +1,9 @@
 // Work split across threads by claiming, not by static halves.
 //
 // On a shared host one core can run much slower than the other for seconds at a time (another
-// tenant on its SMT sibling; docs/benchmarks.md has a measured case). A static split makes every parallel call wait for the
-// slow core's half; here each thread takes the next unit from a shared counter until none is
-// left, so the fast core simply does more units.
+// tenant on its SMT sibling; docs/benchmarks.md has a measured case). A static split makes every
+// parallel call wait for the slow core's half; here each thread takes the next unit from a shared
+// counter until none is left, so the fast core simply does more units.
 //
 // The threads are the ATen pool's, or, between Team::begin() and Team::end() (a decode step, see
 // runner.kernels.team) on a 2-thread pool, one helper thread of this library that waits for the

@@ -80,7 +80,9 @@ void micro(const uint32_t* x, int64_t ldx, const __m512bh* a, const __m512bh* b,
     }
   }
   if constexpr (SWIGLU) {
-    for (int i = 0; i < MR; ++i) modelyard::swiglu_out(total[i][0], total[i][1], y + i * ldy, ncols);
+    for (int i = 0; i < MR; ++i) {
+      modelyard::swiglu_out(total[i][0], total[i][1], y + i * ldy, ncols);
+    }
     return;
   }
   for (int i = 0; i < MR; ++i) {

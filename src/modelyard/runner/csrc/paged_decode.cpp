@@ -351,34 +351,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window,
                                   int64_t layout) {
+  attention::check_operands(q, k_cache, v_cache, block_tables, seq_lens);
   const auto type = k_cache.scalar_type();
-  TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && q.scalar_type() == type &&
-                  v_cache.scalar_type() == type,
-              "paged_decode_attention: float32 or bfloat16 q and caches, all of one dtype");
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  block_tables.is_contiguous() && seq_lens.is_contiguous(),
-              "paged_decode_attention: contiguous tensors only (q: contiguous heads, any row "
-              "stride)");
-  const int64_t d = q.size(0), nh = q.size(1), hd = q.size(2);
-  const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
-  const int64_t nb_max = block_tables.size(1);
-  TORCH_CHECK(nh % nkv == 0 && nh / nkv <= 64 && k_cache.size(3) == hd && hd % 8 == 0,
-              "paged_decode_attention: bad shapes");
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = seq_lens.data_ptr<int64_t>();
-  for (int64_t r = 0; r < d; ++r) {
-    TORCH_CHECK(lens[r] >= 1 && lens[r] <= nb_max * bs, "paged_decode_attention: bad seq_len");
-    for (int64_t b = 0; b < (lens[r] + bs - 1) / bs; ++b) {
-      const int64_t block = tables[r * nb_max + b];
-      TORCH_CHECK(block >= 0 && block < nblocks, "paged_decode_attention: bad block id");
-    }
-  }
   TORCH_CHECK(layout == 0 || layout == 1, "paged_decode_attention: layout 0 (plain) or 1 (tiles)");
   if (layout == 1) {
     at::Tensor out;
 #if defined(MODELYARD_AMX_SCORES)
-    if (type == at::kBFloat16 && hd == 64 && bs % 16 == 0 && amx_ready()) {
+    if (type == at::kBFloat16 && q.size(2) == 64 && k_cache.size(2) % 16 == 0 && amx_ready()) {
       out = attention::try_decode_tiles(q, k_cache, v_cache, block_tables, seq_lens, scale, window);
     }
 #endif

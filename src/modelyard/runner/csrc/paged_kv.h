@@ -178,4 +178,34 @@ struct Bf16Decode {
   }
 };
 
+// Checks paged_decode_attention's operands (ops.h): dtypes, contiguity and shapes, and that every
+// block a request reads is a block of the cache.
+inline void check_operands(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& block_tables,
+                           const at::Tensor& seq_lens) {
+  const auto type = k_cache.scalar_type();
+  TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && q.scalar_type() == type &&
+                  v_cache.scalar_type() == type,
+              "paged_decode_attention: float32 or bfloat16 q and caches, all of one dtype");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_tables.is_contiguous() && seq_lens.is_contiguous(),
+              "paged_decode_attention: contiguous tensors only (q: contiguous heads, any row "
+              "stride)");
+  const int64_t d = q.size(0), nh = q.size(1), hd = q.size(2);
+  const int64_t nkv = k_cache.size(0), nblocks = k_cache.size(1), bs = k_cache.size(2);
+  const int64_t nb_max = block_tables.size(1);
+  TORCH_CHECK(nh % nkv == 0 && nh / nkv <= 64 && k_cache.size(3) == hd && hd % 8 == 0,
+              "paged_decode_attention: bad shapes");
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  for (int64_t r = 0; r < d; ++r) {
+    TORCH_CHECK(lens[r] >= 1 && lens[r] <= nb_max * bs, "paged_decode_attention: bad seq_len");
+    for (int64_t b = 0; b < (lens[r] + bs - 1) / bs; ++b) {
+      const int64_t block = tables[r * nb_max + b];
+      TORCH_CHECK(block >= 0 && block < nblocks, "paged_decode_attention: bad block id");
+    }
+  }
+}
+
 }  // namespace modelyard::attention
