@@ -242,8 +242,9 @@ struct Gemm {
       const Target to[4] = {{gate, kNR, kNR, nullptr}, {up, kNR, kNR, nullptr},
                             {gate2, kNR, kNR, nullptr}, {up2, kNR, kNR, nullptr}};
       panels(u, 2 * q, 4, to);
-      swiglu_tile(gate, up, u.rows, target(u, q).y, n, target(u, q).ncols);
-      swiglu_tile(gate2, up2, u.rows, target(u, q + 1).y, n, target(u, q + 1).ncols);
+      const Target first = target(u, q), second = target(u, q + 1);
+      swiglu_tile(gate, up, u.rows, first.y, n, first.ncols);
+      swiglu_tile(gate2, up2, u.rows, second.y, n, second.ncols);
       return q + 2;
     }
     if (m == 1 && !swiglu && q + 3 < u.end) {  // one row: four blocks at once
@@ -259,7 +260,8 @@ struct Gemm {
         panels(u, 2 * q, 1, to);
         panels(u, 2 * q + 1, 1, to + 1);
       }
-      swiglu_tile(gate, up, u.rows, target(u, q).y, n, target(u, q).ncols);
+      const Target out = target(u, q);
+      swiglu_tile(gate, up, u.rows, out.y, n, out.ncols);
       return q + 1;
     }
     const int np = kPairs && q + 1 < u.end ? 2 : 1;  // blocks q and q + 1: adjacent panels
