@@ -11,6 +11,7 @@ import platform
 import resource
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -222,9 +223,11 @@ def results_dir() -> Path:
 
 
 def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """payload as results_dir()/NAME.json, with the command that made it where it has none."""
     out = results_dir()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
+    payload = {"command": " ".join(["python", *sys.argv]), **payload}
     path.write_text(json.dumps(payload, indent=2, sort_keys=True))
     return path
 
