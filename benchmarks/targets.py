@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -136,7 +137,12 @@ def read_results(paths: list[Path], since: str = "") -> dict[str, list[Value]]:
             continue
         commit = machine.get("modelyard_commit") or "?"
         stamp = (machine.get("time") or "", commit, os.path.relpath(path))
-        for key, value in READERS[kind](data):
+        try:
+            found = list(READERS[kind](data))
+        except (KeyError, TypeError, AttributeError):  # an older or foreign file of that name
+            print(f"skipped {path}: not in the shape {kind} writes", file=sys.stderr)
+            continue
+        for key, value in found:
             if value is not None:
                 hosts.setdefault(host_of(machine), []).append(Value(key, value, *stamp))
     return hosts

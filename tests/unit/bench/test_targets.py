@@ -75,6 +75,7 @@ def results(tmp_path: Path) -> Path:
     env = _machine("2026-12-04", modelyard_env={"MODELYARD_KV_TILES": "0"})
     _share(tmp_path, "engine_throughput_switch.json", 0.1, env)
     _write(tmp_path / "kernel_ab_x.json", {"machine": _machine("2026-12-04")})
+    _write(tmp_path / "engine_throughput_old.json", {"machine": _machine("2026-12-04")})
     return tmp_path
 
 
