@@ -35,6 +35,9 @@ class Target:
     threshold: float
     at_least: bool  # True: value >= threshold meets it; False: value <= threshold
 
+    def meets(self, value: float) -> bool:
+        return value >= self.threshold if self.at_least else value <= self.threshold
+
 
 @dataclass(frozen=True)
 class Value:
@@ -148,37 +151,36 @@ def read_results(paths: list[Path], since: str = "") -> dict[str, list[Value]]:
     return hosts
 
 
+def targets_of(kind: str) -> dict[str, Target]:
+    """The targets of a host kind: every kind's, plus the bf16 share where the kind has one."""
+    found = dict(TARGETS)
+    if kind in SHARE_TARGETS:
+        text = "bf16 share of the adjacent ceiling, c=32"
+        found["share_bfloat16"] = Target("share_bfloat16", text, SHARE_TARGETS[kind], True)
+    return found
+
+
+def _row(target: Target, runs: list[Value]) -> dict[str, Any]:
+    numbers = [v.value for v in runs]
+    median = statistics.median(numbers)
+    return {
+        **asdict(target),
+        "latest": asdict(runs[-1]),
+        "median": round(median, 4),
+        "range": [round(min(numbers), 4), round(max(numbers), 4)],
+        "runs": len(runs),
+        "runs_meeting": sum(map(target.meets, numbers)),
+        "met_by_median": target.meets(median),
+    }
+
+
 def verdicts(host: str, values: list[Value]) -> list[dict[str, Any]]:
     """One row per target the values cover: latest, median, range, runs meeting it."""
-    kind = host.split(":")[0]
-    targets = dict(TARGETS)
-    if kind in SHARE_TARGETS:
-        share = SHARE_TARGETS[kind]
-        targets["share_bfloat16"] = Target(
-            "share_bfloat16", "bf16 share of the adjacent ceiling, c=32", share, True
-        )
     rows = []
-    for key, target in targets.items():
+    for key, target in targets_of(host.split(":")[0]).items():
         runs = sorted((v for v in values if v.key == key), key=lambda v: (v.time, v.file))
-        if not runs:
-            continue
-        numbers = [v.value for v in runs]
-
-        def meets(x: float, t: Target = target) -> bool:
-            return x >= t.threshold if t.at_least else x <= t.threshold
-
-        median = statistics.median(numbers)
-        rows.append(
-            {
-                **asdict(target),
-                "latest": asdict(runs[-1]),
-                "median": round(median, 4),
-                "range": [round(min(numbers), 4), round(max(numbers), 4)],
-                "runs": len(runs),
-                "runs_meeting": sum(map(meets, numbers)),
-                "met_by_median": meets(median),
-            }
-        )
+        if runs:
+            rows.append(_row(target, runs))
     return rows
 
 
