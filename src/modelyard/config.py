@@ -23,12 +23,14 @@ catalog: models.yaml   # the catalog file; absent: the embedded default catalog
 
 Every section is a frozen dataclass; `config_parse.from_mapping` reads them all with one error
 style (`server.port: must be <= 65535, not 70000`). Command-line options override file values
-through `dataclasses.replace` (see api/cli.py); nothing below reads the environment.
+through `dataclasses.replace` (see api/cli.py). Of this tree only `ENVIRONMENT_SETTINGS`
+(`MODELYARD_REDIS_URL`) come from the environment, read by `load_config`; nothing below reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,10 +80,14 @@ class ServerConfig:
     request_timeout_s: float = setting(300.0, gt=0)
     drain_timeout_s: float = setting(30.0, ge=0)  # on SIGTERM, wait this long for in-flight
     debug_endpoints: bool = True  # GET /debug/engine_stats (admins, or anyone when auth is off)
+    # POST /v1/load_lora_adapter accepts only folders under it (symlinks, `..` resolved); None: any
+    lora_root: str | None = None
     textbook: TextbookConfig = setting(factory=TextbookConfig)
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.lora_root == "":
+            raise ConfigError("lora_root", "must not be empty (leave it out: any folder)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,12 +134,23 @@ def config_from_mapping(data: Mapping[str, Any]) -> ModelyardConfig:
     return from_mapping(ModelyardConfig, data)
 
 
-def load_config(path: str | Path | None) -> ModelyardConfig:
-    """Read a YAML config file (None: all defaults). Raises ValueError on any invalid value."""
-    if path is None:
-        return ModelyardConfig()
-    text = Path(path).read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: the config must be a mapping of sections")
+# settings the environment gives over the file's: a secret (a password inside a URL) stays out
+# of the file, e.g. put together by Kubernetes from a Secret (deploy/k8s)
+ENVIRONMENT_SETTINGS = {"MODELYARD_REDIS_URL": ("gateway", "redis_url")}
+
+
+def load_config(
+    path: str | Path | None, environ: Mapping[str, str] | None = None
+) -> ModelyardConfig:
+    """Read a YAML config file (None: all defaults), then `ENVIRONMENT_SETTINGS` from `environ`
+    (default: os.environ) where set. Raises ValueError on any invalid value."""
+    data: Mapping[str, Any] = {}
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path}: the config must be a mapping of sections")
+    environ = os.environ if environ is None else environ
+    for name, (section, key) in ENVIRONMENT_SETTINGS.items():
+        if environ.get(name) and isinstance(data.get(section) or {}, Mapping):
+            data = {**data, section: {**(data.get(section) or {}), key: environ[name]}}
     return config_from_mapping(data)

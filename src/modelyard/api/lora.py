@@ -10,7 +10,8 @@ reloaded.
 
 Adapters come from the catalog (`lora_modules: {name: folder}` on an LLM entry) and from the
 admin-only `POST /v1/load_lora_adapter` (api.routes.lora). The folder is never a client's
-choice outside those admin calls.
+choice outside those admin calls, and there `check_adapter` keeps it under `server.lora_root`
+(when set) and reads it as the engine will before it is registered.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from modelyard.engine.messages import LoRARequest, SchedulerStats
@@ -74,6 +76,47 @@ class LoRARegistry:
 
     def __iter__(self) -> Any:
         return iter(list(self._adapters.values()))
+
+
+def check_adapter(name: str, path: str, root: str | None, base: ModelSpec, max_rank: int) -> Path:
+    """The folder `path` names, resolved (symlinks and `..`), once it is known to lie under
+    `root` (server.lora_root, when set) and to hold an adapter that fits the base model, read as
+    the engine will (runner.lora_adapter). ValueError naming what is wrong; ModelLoadError when
+    the base's own config cannot be read. Blocking: run it in a thread."""
+    import torch
+
+    from modelyard.runner.loader import resolve_model
+    from modelyard.runner.lora_adapter import BaseShapes, adapter_files, read_adapter
+
+    folder = adapter_folder(path, root)
+    adapter_files(folder, name)  # before the base: a folder without them is the request's fault
+    try:
+        config = resolve_model(base.source).config
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(f"{base.id}: its config cannot be read: {exc}") from exc
+    lora = LoRARequest(name=name, path=str(folder), adapter_id=0)
+    read_adapter(lora, BaseShapes.of(config), max_rank, torch.float32)
+    return folder
+
+
+def adapter_folder(path: str, root: str | None) -> Path:
+    """`path` resolved; with a `root`, the folder and its adapter files must resolve inside it
+    (ValueError otherwise)."""
+    from modelyard.runner.lora_adapter import ADAPTER_FILES
+
+    if not path:
+        raise ValueError("lora_path must not be empty")
+    try:
+        folder = Path(path).resolve()
+        inside = root is None or all(
+            file.resolve().is_relative_to(Path(root).resolve())
+            for file in (folder, *(folder / name for name in ADAPTER_FILES))
+        )
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL byte...
+        raise ValueError(f"lora_path {path!r} cannot be resolved: {exc}") from exc
+    if not inside:
+        raise ValueError(f"lora_path {path!r} lies outside the server's lora_root {root!r}")
+    return folder
 
 
 class AdapterProvider:

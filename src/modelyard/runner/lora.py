@@ -15,12 +15,12 @@ a group's n modules share their input x):
   (grouped by slot, weights never merged), base rows get exactly nothing. In float32 with the
   compiled kernels this is csrc/lora.cpp (its work split like the GEMMs', inside the step's
   thread team); otherwise torch ops per slot;
-- `LoRAManager` holds the adapters loaded from disk (least recently used dropped past
-  `max_cpu_loras` or `max_cpu_lora_bytes`) and which one sits in which slot (a step's adapters
-  get slots, evicting the least recently used adapters the step does not need). The scheduler
-  admits at most `max_loras` different adapters among running requests, so a step always fits.
-  The stacks are allocated with the model (their size is the price of LoRA capacity), so
-  taking a slot only copies an adapter's matrices.
+- `LoRAManager` holds the adapters loaded from disk (read and checked by runner.lora_adapter;
+  least recently used dropped past `max_cpu_loras` or `max_cpu_lora_bytes`) and which one
+  sits in which slot (a step's adapters get slots, evicting the least recently used adapters
+  the step does not need). The scheduler admits at most `max_loras` different adapters among
+  running requests, so a step always fits. The stacks are allocated with the model (their size
+  is the price of LoRA capacity), so taking a slot only copies an adapter's matrices.
 
 The hooks (runner.lora_hooks: `LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections
 in runner.models.llama; in a step without adapters (or on a layer no adapter targets) they run
@@ -32,23 +32,18 @@ activation in one pass.
 from __future__ import annotations
 
 import itertools
-import json
-import math
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.messages import LoRARequest
 from modelyard.runner import kernels
+from modelyard.runner.lora_adapter import Adapter, BaseShapes, read_adapter
 
 #: projection group -> (PEFT module names in output order)
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -58,102 +53,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "down": ("down_proj",),
 }
 _MODULE_GROUP = {m: g for g, modules in GROUPS.items() for m in modules}
-_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
-
-
-@dataclass(frozen=True)
-class BaseShapes:
-    """The base model's projection shapes: module -> (in_features, out_features)."""
-
-    num_layers: int
-    modules: dict[str, tuple[int, int]]
-
-    @classmethod
-    def of(cls, config: Any) -> BaseShapes:
-        hidden, heads = config.hidden_size, config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or hidden // heads
-        inter = config.intermediate_size
-        modules = {
-            "q_proj": (hidden, heads * head_dim),
-            "k_proj": (hidden, kv_heads * head_dim),
-            "v_proj": (hidden, kv_heads * head_dim),
-            "o_proj": (heads * head_dim, hidden),
-            "gate_proj": (hidden, inter),
-            "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden),
-        }
-        return cls(config.num_hidden_layers, modules)
-
-
-@dataclass
-class Adapter:
-    """One adapter in memory: (layer, module) -> (A (r, in), s * B (out, r))."""
-
-    lora: LoRARequest
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-    nbytes: int
-
-
-def read_adapter(
-    lora: LoRARequest, shapes: BaseShapes, max_rank: int, dtype: torch.dtype
-) -> Adapter:
-    """Load a PEFT folder, checked against the base (ValueError naming what does not fit)."""
-    folder = Path(lora.path)
-    try:
-        config = json.loads((folder / "adapter_config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"adapter {lora.name!r}: no readable adapter_config.json") from exc
-    if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
-        raise ValueError(f"adapter {lora.name!r}: only plain LoRA adapters are supported")
-    if config.get("fan_in_fan_out") or config.get("bias", "none") != "none":
-        raise ValueError(f"adapter {lora.name!r}: fan_in_fan_out and biases are not supported")
-    tensors = _read_tensors(folder / "adapter_model.safetensors", lora.name)
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-    for (layer, module), (a, b) in tensors.items():
-        rank = a.shape[0]
-        expected_in, expected_out = shapes.modules[module]
-        if (
-            layer >= shapes.num_layers
-            or a.shape != (rank, expected_in)
-            or b.shape != (expected_out, rank)
-        ):
-            raise ValueError(f"adapter {lora.name!r}: layer {layer} {module} does not fit the base")
-        if rank > max_rank:
-            raise ValueError(f"adapter {lora.name!r}: rank {rank} > max_lora_rank {max_rank}")
-        part = "self_attn" if _MODULE_GROUP[module] in ("qkv", "o") else "mlp"
-        scale = _scaling(config, f"model.layers.{layer}.{part}.{module}", rank)
-        weights[(layer, module)] = (a.to(dtype), (b.float() * scale).to(dtype))
-    nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
-    return Adapter(lora, weights, nbytes)
-
-
-def _read_tensors(
-    file: Path, name: str
-) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    try:
-        with safe_open(str(file), "pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                match = _KEY.match(key)
-                if match is None or match.group(2) not in _MODULE_GROUP:
-                    raise ValueError(f"adapter {name!r}: unsupported tensor {key}")
-                layer, module, side = int(match.group(1)), match.group(2), match.group(3)
-                pairs.setdefault((layer, module), {})[side] = f.get_tensor(key)
-    except OSError as exc:
-        raise ValueError(f"adapter {name!r}: no readable adapter_model.safetensors") from exc
-    if any(set(p) != {"A", "B"} for p in pairs.values()) or not pairs:
-        raise ValueError(f"adapter {name!r}: every module needs lora_A and lora_B")
-    return {k: (p["A"], p["B"]) for k, p in pairs.items()}
-
-
-def _scaling(config: dict[str, Any], module_name: str, rank: int) -> float:
-    """s for one module; alpha_pattern keys match the end of its name, as in PEFT."""
-    alpha = float(config.get("lora_alpha", rank))
-    for pattern, value in (config.get("alpha_pattern") or {}).items():
-        if re.match(rf"(?:.*\.)?(?:{pattern})$", module_name):
-            alpha = float(value)
-    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
 
 class _GroupStacks:

@@ -1,9 +1,11 @@
 """vLLM's runtime LoRA API: `POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter`.
 
-- load {lora_name, lora_path, base_model?}: checks the PEFT folder against the base model's
-  shapes (in a thread) and registers the adapter as a model id (api.lora); the engine reads the
-  weights on first use. `base_model` may be left out when exactly one catalog LLM serves LoRA.
-  400 for a taken name or an adapter that does not fit, 404 for an unknown base.
+- load {lora_name, lora_path, base_model?}: checks the PEFT folder (under `server.lora_root`
+  when set; read against the base model's shapes, in a thread: api.lora.check_adapter) and
+  registers the adapter as a model id with its resolved folder; the engine reads the weights on
+  first use. `base_model` may be left out when exactly one catalog LLM serves LoRA. 400 for a
+  taken name, a folder outside lora_root or an adapter that is malformed or does not fit
+  (naming what is wrong), 404 for an unknown base.
 - unload {lora_name}: unregisters it (404 if unknown); a loaded base engine frees its memory
   once no running request uses it.
 Both answer vLLM's plain-text success messages. They name server-side folders, so they need the
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import PlainTextResponse
 
 from modelyard.api.errors import APIError
-from modelyard.api.lora import LoRARegistry
+from modelyard.api.lora import LoRARegistry, check_adapter
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.protocol import LoRAClient, serves_lora
 from modelyard.gateway.request_path import require_admin
@@ -53,11 +55,17 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
     if not name or registry.get(name) is not None or (catalog is not None and name in catalog):
         raise APIError(400, f"the LoRA adapter {name!r} has already been loaded", param="lora_name")
     spec = _base_spec(provider, body.base_model)
+    root = request.app.state.config.server.lora_root
+    lora_config = _lora_config(spec)
+    max_rank = lora_config.max_lora_rank if lora_config is not None else 0
     try:
-        await asyncio.to_thread(_check_adapter, body.lora_path, spec)
+        folder = await asyncio.to_thread(check_adapter, name, body.lora_path, root, spec, max_rank)
     except ValueError as exc:
         raise APIError(400, str(exc), param="lora_path") from exc
-    registry.add(name, spec.id, body.lora_path)
+    try:
+        registry.add(name, spec.id, str(folder))
+    except ValueError as exc:  # the same name, loaded meanwhile
+        raise APIError(400, str(exc), param="lora_name") from exc
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
@@ -102,22 +110,3 @@ def _base_spec(provider: Any, base_model: str | None) -> Any:
 
 def _lora_config(spec: Any) -> LoRAConfig | None:
     return LoRAConfig.from_options(spec.options, f"models.{spec.id}.options")
-
-
-def _check_adapter(path: str, spec: Any) -> None:
-    """Read the adapter against the base's shapes (ValueError when it does not fit)."""
-    from pathlib import Path
-
-    import torch
-
-    from modelyard.engine.messages import LoRARequest
-    from modelyard.runner.loader import resolve_model
-    from modelyard.runner.lora import BaseShapes, read_adapter
-
-    if not (Path(path) / "adapter_config.json").is_file():
-        raise ValueError(f"no PEFT adapter (adapter_config.json) at {path!r}")
-    config = resolve_model(spec.source).config
-    lora = LoRARequest(name="check", path=path, adapter_id=0)
-    lora_config = _lora_config(spec)
-    max_rank = lora_config.max_lora_rank if lora_config is not None else 0
-    read_adapter(lora, BaseShapes.of(config), max_rank, torch.float32)

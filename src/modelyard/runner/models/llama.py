@@ -30,7 +30,8 @@ from modelyard.runner.decode_loop import DecodeLoop, LoopShape
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, concat
 from modelyard.runner.kv_layout import KV_PLAIN, kv_layout
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
-from modelyard.runner.lora import BaseShapes, LoRAManager
+from modelyard.runner.lora import LoRAManager
+from modelyard.runner.lora_adapter import BaseShapes
 from modelyard.runner.lora_hooks import LoRAGatedMLP, LoRAProjection
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
