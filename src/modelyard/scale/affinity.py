@@ -1,13 +1,18 @@
 """Prefix affinity: which LLM replica should serve a prompt. Pure CPU code, no Ray.
 
-Policy, for one request with prompt token ids and an optional session id:
+Policy, for one request with prompt token ids, an optional session id and an optional LoRA
+adapter:
 
 1. **Keys.** The prompt's full blocks of `block_size` tokens (the engine's KV block size) are
    hashed as a chain, `h_i = hash(h_{i-1}, block_i)`, as the engine's prefix cache hashes them,
-   for at most `max_blocks` leading blocks. A session id adds one more key.
+   for at most `max_blocks` leading blocks. With an adapter the chain starts from the adapter's
+   salt (the engine shares KV only among requests of one adapter registration), and the
+   adapter's name adds a key. A session id adds one more key.
 2. **Preference.** The session key is looked up first; then the block keys from the longest
-   prefix to the shortest. The first key found names the replica that served it last; a replica
-   that is no longer a candidate (dead, scaled down) is skipped.
+   prefix to the shortest; then the adapter key (a replica that holds the adapter's weights).
+   The first key found names the replica that served it last, or the replica that holds a
+   pinned prefix through it (a pin outranks what served the key last); a replica that is no
+   longer a candidate (dead, scaled down) is skipped.
 3. **Load guard.** The preferred replica is chosen only if its queue is at most `max_queue_gap`
    requests longer than the least loaded candidate's. Otherwise the caller falls back to power
    of two choices among the candidates.
@@ -21,6 +26,10 @@ Policy, for one request with prompt token ids and an optional session id:
 5. **Record.** Once routed, every key of the request points at the replica that got it (and
    becomes the most recently used). The table is bounded: past `capacity` keys the least recently
    used are forgotten.
+6. **Pins.** A pin (`KeyUse.PIN`) is routed as a request with its prefix, then holds its keys on
+   the replica that got it until its TTL passes or that replica is gone: neither newer routes
+   nor the table's bound move them. (An unpin is a broadcast the table does not see: the keys
+   then point at a replica that very likely still caches the prefix, until the TTL.)
 
 A table lives in the process that routes (each ingress replica has its own); a forgotten or
 stale entry only costs a cache miss in the engine, never a wrong answer.
@@ -28,17 +37,30 @@ stale entry only costs a cache miss in the engine, never a wrong answer.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 _SESSION_SALT = "modelyard-session"
+_ADAPTER_SALT = "modelyard-lora"
 
 
-def prefix_keys(token_ids: Sequence[int], block_size: int, max_blocks: int) -> list[int]:
-    """Chained hashes of the leading full blocks, shortest prefix first."""
+class KeyUse(Enum):
+    """What routing a call does to the table (policy steps 5 and 6)."""
+
+    SERVE = "serve"  # a request: record its keys
+    PIN = "pin"  # a pin: record its keys and hold them on the replica
+
+
+def prefix_keys(
+    token_ids: Sequence[int], block_size: int, max_blocks: int, salt: str | None = None
+) -> list[int]:
+    """Chained hashes of the leading full blocks, shortest prefix first (the chain starts from
+    `salt` when given: an adapter's KV is not the base model's)."""
     keys: list[int] = []
-    parent = 0
+    parent = 0 if salt is None else hash(salt)
     for start in range(0, min(len(token_ids) // block_size, max_blocks) * block_size, block_size):
         parent = hash((parent, tuple(token_ids[start : start + block_size])))
         keys.append(parent)
@@ -49,32 +71,57 @@ def session_key(session_id: str) -> int:
     return hash((_SESSION_SALT, session_id))
 
 
+def adapter_key(adapter_name: str) -> int:
+    return hash((_ADAPTER_SALT, adapter_name))
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingKeys:
-    """What the table knows a request by."""
+    """What the table knows a call by."""
 
     prefix: list[int]  # block-chain hashes, shortest prefix first
     session: int | None = None  # session key when the request named a session
+    adapter: int | None = None  # adapter key when the request runs with a LoRA adapter
+    use: KeyUse = KeyUse.SERVE  # what routing it does to the table
+    pin_id: str | None = None  # with PIN: the pin it makes
+    ttl_s: float = 0.0  # with PIN: the pin's TTL
 
     def lookup_order(self) -> list[int]:
-        """Session first, then longest prefix to shortest."""
+        """Session first, then longest prefix to shortest, then the adapter."""
         head = [self.session] if self.session is not None else []
-        return head + self.prefix[::-1]
+        tail = [self.adapter] if self.adapter is not None else []
+        return head + self.prefix[::-1] + tail
 
     def all(self) -> list[int]:
-        return ([self.session] if self.session is not None else []) + self.prefix
+        return self.lookup_order()
+
+
+@dataclass(slots=True)
+class _Pin:
+    replica: str
+    keys: list[int]
+    expires_at: float  # clock() value
 
 
 class PrefixAffinity:
     """The bounded key -> replica table and the choice rule (see the module docstring)."""
 
-    def __init__(self, *, capacity: int = 8192, max_queue_gap: int = 4) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int = 8192,
+        max_queue_gap: int = 4,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if capacity < 1 or max_queue_gap < 0:
             raise ValueError("capacity must be >= 1 and max_queue_gap >= 0")
         self.capacity = capacity
         self.max_queue_gap = max_queue_gap
+        self._clock = clock
         self._table: OrderedDict[int, str] = OrderedDict()
         self._owned: Counter[str] = Counter()  # replica -> keys of the table that name it
+        self._pins: dict[str, _Pin] = {}  # pin id -> where its keys are held
+        self._pinned: dict[int, str] = {}  # key -> replica, over the live pins
 
     def __len__(self) -> int:
         return len(self._table)
@@ -84,9 +131,10 @@ class PrefixAffinity:
         return self._owned[replica]
 
     def preferred(self, keys: RoutingKeys, candidates: Mapping[str, int]) -> str | None:
-        """The replica that served the longest known key, if it is still a candidate."""
+        """The replica that pins or served the longest known key, if it is still a candidate."""
+        self._expire_pins()
         for key in keys.lookup_order():
-            replica = self._table.get(key)
+            replica = self._pinned.get(key) or self._table.get(key)
             if replica is not None and replica in candidates:
                 return replica
         return None
@@ -111,6 +159,22 @@ class PrefixAffinity:
         least_cached = [r for r in near if self._owned[r] == fewest]
         return least_cached[0] if len(least_cached) == 1 else None
 
+    def routed(self, keys: RoutingKeys, replica: str) -> None:
+        """A call went to `replica`: record its keys, and pin them for a PIN."""
+        self.record(keys, replica)
+        if keys.use is KeyUse.PIN and keys.pin_id is not None:
+            self.pin(keys.pin_id, keys.prefix, replica, keys.ttl_s)
+
+    def pin(self, pin_id: str, prefix: list[int], replica: str, ttl_s: float) -> None:
+        """Hold these keys on `replica` for `ttl_s` seconds."""
+        self._pins[pin_id] = _Pin(replica, list(prefix), self._clock() + ttl_s)
+        self._index_pins()
+
+    def pinned_replica(self, key: int) -> str | None:
+        """The replica a live pin holds `key` on."""
+        self._expire_pins()
+        return self._pinned.get(key)
+
     def record(self, keys: RoutingKeys, replica: str) -> None:
         """Point every key at `replica` (most recently used); forget the oldest past capacity."""
         for key in keys.all():
@@ -126,10 +190,25 @@ class PrefixAffinity:
             self._disown(oldest)
 
     def forget_replica(self, replica: str) -> None:
-        """Drop every key of a replica that is gone."""
+        """Drop every key and pin of a replica that is gone."""
         for key in [k for k, r in self._table.items() if r == replica]:
             del self._table[key]
         self._owned.pop(replica, None)
+        for pin_id in [p for p, pin in self._pins.items() if pin.replica == replica]:
+            del self._pins[pin_id]
+        self._index_pins()
+
+    def _expire_pins(self) -> None:
+        now = self._clock()
+        expired = [p for p, pin in self._pins.items() if pin.expires_at <= now]
+        for pin_id in expired:
+            del self._pins[pin_id]
+        if expired:
+            self._index_pins()
+
+    def _index_pins(self) -> None:
+        """key -> replica over the live pins (the newest pin wins a key two pins share)."""
+        self._pinned = {key: pin.replica for pin in self._pins.values() for key in pin.keys}
 
     def _disown(self, replica: str) -> None:
         self._owned[replica] -= 1

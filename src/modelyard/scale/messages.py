@@ -1,9 +1,15 @@
-"""What crosses from the ingress to an LLM replica (pickled by Ray)."""
+"""What crosses from the ingress to an LLM replica (pickled by Ray).
+
+The request router (ray_router.py) reads the first argument of every call: `LLMCall` and
+`PinCall` are routed by their prompt's prefix. Unpinning a prefix and dropping an adapter are
+broadcasts to every replica (`LLMServer.unpin`, `LLMServer.drop_loras`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from modelyard.engine.messages import LoRARequest, PinPrefix
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -20,6 +26,14 @@ class LLMCall:
     priority: int = 0  # engine priority (tenant priority + request priority)
     session_id: str | None = None  # the session header's value: sticky routing
     client_request_id: str | None = None  # the HTTP request's X-Request-ID, for the logs
+    lora: LoRARequest | None = None  # the adapter it runs with; the engine loads it on demand
+
+
+@dataclass(frozen=True, slots=True)
+class PinCall:
+    """Pin a prefix in the engine of the replica its prefix is routed to (`LLMServer.pin`)."""
+
+    command: PinPrefix  # the engine's pin command, made by the ingress's EnginePrefixes
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +47,4 @@ class LLMReplicaInfo:
     replica_id: str  # Serve's replica id
     node_id: str  # the Ray node it runs on
     engine_pid: int | None  # the engine worker's process id
+    max_pinned_blocks: int = 0  # the engine's pin budget, KV blocks

@@ -1,174 +1,26 @@
 """`RayProvider`: the ingress's `ModelProvider`, over Ray Serve deployment handles.
 
 The ingress runs the same ASGI app as single-node mode; only the provider differs. A lease of an
-LLM yields a `RayLLMClient` (tokenizes in the ingress, streams `RequestOutput`s from a replica of
-the model's deployment, which the request router picks); a lease of another model yields a
-`RayPredictor` (a call to the multiplexed pool with the model id). Errors from Ray come back as
-the errors the routes already map: a replica or engine that died -> EngineDeadError (503), Serve's
-back-pressure -> EngineOverloadedError (429), the replica's own errors unwrapped.
-
-The session header and X-Request-ID of the HTTP request reach the calls through `CALL_CONTEXT`,
-set per request by `SessionContextMiddleware` (outermost ASGI layer of the ingress).
+LLM yields a `RayLLMClient` (llm_client.py: tokenizes in the ingress, streams `RequestOutput`s
+from a replica of the model's deployment, which the request router picks; LoRA adapters and
+pinned prefixes as in local mode); a lease of another model yields a `RayPredictor` (a call to
+the multiplexed pool with the model id). Errors from Ray come back as the errors the routes
+already map (calls.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn, cast
+from typing import Any
 
-from modelyard.engine.messages import SchedulerStats
-from modelyard.engine.output_processor import check_prompt_length, render_chat
-from modelyard.engine.protocol import (
-    EngineDeadError,
-    EngineOverloadedError,
-    PromptTooLongError,
-    RequestOutput,
-    Tokenizer,
-)
-from modelyard.engine.sampling_params import SamplingParams
-from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
+from modelyard.manager.base import ModelUnavailableError
 from modelyard.manager.catalog import Catalog
 from modelyard.model_spec import ModelKind, ModelSpec
-from modelyard.scale.messages import LLMCall, LLMReplicaInfo
-
-
-@dataclass(frozen=True, slots=True)
-class CallContext:
-    """Per-HTTP-request values the Ray calls carry."""
-
-    session_id: str | None = None
-    request_id: str | None = None
-
-
-CALL_CONTEXT: ContextVar[CallContext | None] = ContextVar("modelyard_ray_call", default=None)
-
-#: Replica-side errors that keep their type across Ray.
-_PASS_THROUGH = (
-    EngineDeadError,
-    EngineOverloadedError,
-    PromptTooLongError,
-    ModelNotFoundError,
-    ModelLoadError,
-    ModelUnavailableError,
-    ValueError,
-    TypeError,
-)
-
-
-def reraise_local(exc: Exception, *, llm: bool) -> NoReturn:
-    """Raise `local_error(exc)` (chained to `exc` when it is another exception)."""
-    error = local_error(exc, llm=llm)
-    if error is exc:
-        raise exc
-    raise error from exc
-
-
-def local_error(exc: BaseException, *, llm: bool) -> BaseException:
-    """The error a route handler understands for an exception raised by a Ray call."""
-    from ray import exceptions as ray_errors
-    from ray.serve import exceptions as serve_errors
-
-    if isinstance(exc, ray_errors.RayTaskError):
-        cause = exc.cause
-        if isinstance(cause, _PASS_THROUGH):
-            return cause
-        exc = cause if isinstance(cause, BaseException) else exc
-    if isinstance(exc, serve_errors.BackPressureError):
-        return EngineOverloadedError(f"all replicas are busy: {exc}", retry_after_s=1.0)
-    if isinstance(exc, _PASS_THROUGH):
-        return exc
-    if isinstance(exc, ray_errors.RayError):
-        message = f"replica failed: {type(exc).__name__}: {exc}"
-        return EngineDeadError(message) if llm else ModelUnavailableError(message, 5.0)
-    return exc
-
-
-class RayLLMClient:
-    """`LLMClient` over an LLM deployment (see the module docstring)."""
-
-    def __init__(self, handle: Any, info: LLMReplicaInfo) -> None:
-        self._handle = handle.options(stream=True)
-        self._info = info
-        self._live: dict[str, Any] = {}  # request id -> the response generator
-
-    @property
-    def model_name(self) -> str:
-        return self._info.model_id
-
-    @property
-    def max_model_len(self) -> int:
-        return self._info.max_model_len
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return cast(Tokenizer, self._info.tokenizer)
-
-    @property
-    def is_alive(self) -> bool:
-        return True  # Serve replaces dead replicas; a failed call raises EngineDeadError
-
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return render_chat(self.tokenizer, messages)
-
-    async def generate(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams,
-        request_id: str,
-        *,
-        priority: int = 0,
-    ) -> AsyncIterator[RequestOutput]:
-        params.validate()
-        ids = await self._tokenize(prompt)
-        check_prompt_length(len(ids), params.max_tokens, self.max_model_len)
-        context = CALL_CONTEXT.get() or CallContext()
-        call = LLMCall(
-            request_id=request_id,
-            prompt_token_ids=ids,
-            params=params,
-            priority=priority,
-            session_id=context.session_id,
-            client_request_id=context.request_id,
-        )
-        stream = self._handle.generate.remote(call)
-        self._live[request_id] = stream
-        finished = False
-        try:
-            async for output in stream:
-                finished = output.finished
-                yield output
-        except Exception as exc:
-            reraise_local(exc, llm=True)
-        finally:
-            self._live.pop(request_id, None)
-            if not finished:
-                stream.cancel()
-
-    async def abort(self, request_id: str) -> None:
-        stream = self._live.pop(request_id, None)
-        if stream is not None:
-            stream.cancel()
-
-    def stats(self) -> SchedulerStats:
-        """Engine stats live in each replica (Ray's metrics export); none in the ingress."""
-        return SchedulerStats()
-
-    async def shutdown(self) -> None:
-        for stream in self._live.values():
-            stream.cancel()
-
-    async def _tokenize(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = await asyncio.to_thread(self.tokenizer.encode, prompt)
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("prompt must not be empty")
-        return ids
+from modelyard.scale.calls import reraise_local
+from modelyard.scale.llm_client import RayLLMClient
 
 
 class RayPredictor:

@@ -5,15 +5,18 @@ request_router_kwargs={...})`; Serve builds one per deployment handle (in the in
 `choose_replicas` for ranks of replicas, then sends the request to the least loaded replica of
 the first rank that accepts it. This class only ranks:
 
-- a request whose first argument is an `LLMCall` gets `[[preferred]]` when the affinity table
-  (scale/affinity.py) names a replica and the load guard allows it, or, for a prompt whose
-  prefix no replica served yet, the replica owning the fewest table keys (the least cached);
-  then a power-of-two rank as a fallback should that replica reject the request;
+- a request whose first argument is an `LLMCall` (or a `PinCall`) gets `[[preferred]]` when the
+  affinity table (scale/affinity.py) names a replica and the load guard allows it, or, for a
+  prompt whose prefix no replica served yet, the replica owning the fewest table keys (the
+  least cached); then a power-of-two rank as a fallback should that replica reject the request.
+  A request with a LoRA adapter is keyed by the adapter too, so it goes where the adapter's
+  weights are loaded;
 - anything else (or no preference) gets power of two choices, as Serve's default router.
 
-`on_request_routed` records the request's keys against the replica that got it. Queue lengths
-come from Serve's own per-replica queue-length cache (probing the replicas it has no fresh value
-for), the same numbers its default router uses.
+`on_request_routed` records the request's keys against the replica that got it (a pin holds
+them there for its TTL; affinity.py step 6). Queue lengths come from Serve's own per-replica
+queue-length cache (probing the replicas it has no fresh value for), the same numbers its
+default router uses.
 """
 
 from __future__ import annotations
@@ -29,8 +32,15 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from modelyard.scale.affinity import PrefixAffinity, RoutingKeys, prefix_keys, session_key
-from modelyard.scale.messages import LLMCall
+from modelyard.scale.affinity import (
+    KeyUse,
+    PrefixAffinity,
+    RoutingKeys,
+    adapter_key,
+    prefix_keys,
+    session_key,
+)
+from modelyard.scale.messages import LLMCall, PinCall
 
 _MAX_PENDING_KEYS = 4096
 
@@ -76,7 +86,7 @@ class PrefixAwareRequestRouter(RequestRouter):
     ) -> None:
         keys = self._keys.pop(pending_request.metadata.internal_request_id, None)
         if keys is not None:
-            self._affinity.record(keys, replica_id.unique_id)
+            self._affinity.routed(keys, replica_id.unique_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -85,15 +95,12 @@ class PrefixAwareRequestRouter(RequestRouter):
     def _keys_of(self, pending_request: PendingRequest | None) -> RoutingKeys | None:
         if pending_request is None or not pending_request.args:
             return None
-        call = pending_request.args[0]
-        if not isinstance(call, LLMCall):
-            return None
         request_id = pending_request.metadata.internal_request_id
         keys = self._keys.get(request_id)
         if keys is None:
-            prefix = prefix_keys(call.prompt_token_ids, self._block_size, self._max_blocks)
-            session = session_key(call.session_id) if call.session_id else None
-            keys = RoutingKeys(prefix, session)
+            keys = routing_keys(pending_request.args[0], self._block_size, self._max_blocks)
+            if keys is None:
+                return None
             self._keys[request_id] = keys
             while len(self._keys) > _MAX_PENDING_KEYS:
                 self._keys.popitem(last=False)
@@ -114,6 +121,23 @@ class PrefixAwareRequestRouter(RequestRouter):
                 if queue_len is not None:
                     lens[replica.replica_id.unique_id] = queue_len
         return lens
+
+
+def routing_keys(call: Any, block_size: int, max_blocks: int) -> RoutingKeys | None:
+    """What the affinity table knows a call by (None: not a call it routes)."""
+    if isinstance(call, LLMCall):
+        lora = call.lora
+        salt = None if lora is None else f"lora:{lora.adapter_id}:{lora.name}"
+        return RoutingKeys(
+            prefix_keys(call.prompt_token_ids, block_size, max_blocks, salt),
+            session=session_key(call.session_id) if call.session_id else None,
+            adapter=None if lora is None else adapter_key(lora.name),
+        )
+    if isinstance(call, PinCall):
+        command = call.command
+        prefix = prefix_keys(command.token_ids, block_size, max_blocks)
+        return RoutingKeys(prefix, use=KeyUse.PIN, pin_id=command.prefix_id, ttl_s=command.ttl_s)
+    return None
 
 
 def _two_random(replicas: list[RunningReplica]) -> list[RunningReplica]:

@@ -31,8 +31,9 @@ from ray.serve.deployment import Deployment
 from modelyard.config import ModelyardConfig, load_config
 from modelyard.manager.catalog import Catalog, serving_catalog
 from modelyard.model_spec import ModelSpec
+from modelyard.scale.calls import CALL_CONTEXT, CallContext
 from modelyard.scale.config import RayConfig
-from modelyard.scale.provider import CALL_CONTEXT, CallContext, RayProvider
+from modelyard.scale.provider import RayProvider
 from modelyard.scale.replicas import LLMServer, ModelPool
 
 ROUTER_CLASS = "modelyard.scale.ray_router.PrefixAwareRequestRouter"

@@ -1,7 +1,9 @@
 """The classes behind the Ray Serve deployments of the models (ray_serve.py decorates them).
 
 - `LLMServer`: one replica = one engine worker. It starts an `AsyncLLM` (the same engine worker
-  process as single-node mode) and streams `RequestOutput`s for `LLMCall`s. Serve calls
+  process as single-node mode) and streams `RequestOutput`s for `LLMCall`s (with the call's
+  LoRA adapter, which the engine loads on first use); it pins prefixes in its engine (`PinCall`)
+  and, on a broadcast to every replica, unpins them and drops unregistered adapters. Serve calls
   `check_health` (the engine worker must be alive: a dead one fails the check and Serve replaces
   the replica). A small loop exports the engine's stats through Ray's metrics export, tagged by
   deployment and replica.
@@ -24,14 +26,14 @@ from ray import serve
 from ray.serve import metrics as serve_metrics
 
 from modelyard.engine.async_llm import AsyncLLM
-from modelyard.engine.messages import SchedulerStats
+from modelyard.engine.messages import EngineOutput, SchedulerStats
 from modelyard.engine.protocol import RequestOutput
 from modelyard.manager.catalog import Catalog
 from modelyard.manager.config import ManagerConfig
 from modelyard.manager.loaders import engine_config_for
 from modelyard.manager.manager import Manager
 from modelyard.model_spec import ModelSpec
-from modelyard.scale.messages import LLMCall, LLMReplicaInfo
+from modelyard.scale.messages import LLMCall, LLMReplicaInfo, PinCall
 
 log = logging.getLogger("modelyard.scale")
 
@@ -61,10 +63,38 @@ class LLMServer:
             _replica_id(),
         )
         outputs = self._llm.generate(
-            call.prompt_token_ids, call.params, call.request_id, priority=call.priority
+            call.prompt_token_ids,
+            call.params,
+            call.request_id,
+            priority=call.priority,
+            lora=call.lora,
         )
         async for output in outputs:
             yield output
+
+    async def pin(self, call: PinCall) -> AsyncIterator[EngineOutput]:
+        """Prefill and pin a prefix in this replica's engine; its outputs stream back (the
+        ingress's EnginePrefixes reads them as in local mode). Leaving early aborts it."""
+        engine = self._llm.engine_client
+        log.info("pin %s on replica %s", call.command.prefix_id, _replica_id())
+        finished = False
+        try:
+            async for output in await engine.add_request(call.command):
+                finished = output.finish_reason is not None
+                yield output
+        finally:
+            if not finished and engine.is_alive:
+                with contextlib.suppress(Exception):
+                    await engine.abort([call.command.request_id])
+                    await engine.unpin_prefixes([call.command.prefix_id])
+
+    async def unpin(self, prefix_ids: list[str]) -> None:
+        """Release pins (the engine ignores those it does not hold)."""
+        await self._llm.engine_client.unpin_prefixes(list(prefix_ids))
+
+    async def drop_loras(self, names: list[str]) -> None:
+        """Unregistered adapters: the engine frees them once no request uses them."""
+        await self._llm.drop_loras(names)
 
     def describe(self) -> LLMReplicaInfo:
         ready = self._llm.ready
@@ -76,6 +106,7 @@ class LLMServer:
             replica_id=_replica_id(),
             node_id=ray.get_runtime_context().get_node_id(),
             engine_pid=self._llm.pid,
+            max_pinned_blocks=ready.max_pinned_blocks,
         )
 
     def check_health(self) -> None:

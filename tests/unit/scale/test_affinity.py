@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from modelyard.scale.affinity import PrefixAffinity, RoutingKeys, prefix_keys, session_key
+from modelyard.scale.affinity import (
+    KeyUse,
+    PrefixAffinity,
+    RoutingKeys,
+    adapter_key,
+    prefix_keys,
+    session_key,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -125,3 +132,37 @@ def test_bad_settings_raise() -> None:
         PrefixAffinity(capacity=0)
     with pytest.raises(ValueError):
         PrefixAffinity(max_queue_gap=-1)
+
+
+def test_an_adapter_keys_its_prefixes_apart_and_prefers_where_it_is_loaded() -> None:
+    system = list(range(100, 116))
+    base, salted = prefix_keys(system, 4, 64), prefix_keys(system, 4, 64, salt="lora:1:finance")
+    assert len(salted) == len(base)
+    assert not set(salted) & set(base)  # other KV, other keys
+    table = PrefixAffinity(max_queue_gap=4)
+    table.record(keys(system), "r1")
+    finance = RoutingKeys(salted, adapter=adapter_key("finance"))
+    assert table.choose(finance, {"r1": 0, "r2": 0}) == "r2"  # new to the table: least cached
+    table.record(finance, "r2")
+    other = RoutingKeys(prefix_keys(list(range(500, 516)), 4, 64, "lora:1:finance"))
+    fresh = RoutingKeys(other.prefix, adapter=adapter_key("finance"))
+    assert table.choose(fresh, {"r1": 0, "r2": 1}) == "r2"  # a new prompt: the adapter's replica
+    assert table.choose(RoutingKeys([], adapter=adapter_key("legal")), {"r1": 0, "r2": 0}) is None
+
+
+def test_a_pin_holds_its_keys_until_it_expires_or_its_replica_is_gone() -> None:
+    now = [0.0]
+    table = PrefixAffinity(capacity=4, max_queue_gap=1, clock=lambda: now[0])
+    system = list(range(100, 112))  # 3 blocks
+    pin = RoutingKeys(prefix_keys(system, 4, 64), use=KeyUse.PIN, pin_id="pfx-1", ttl_s=10.0)
+    table.routed(pin, "r1")
+    table.record(keys(system), "r2")  # a request passed r1 over: the pin still holds
+    assert table.choose(keys([*system, 5]), {"r1": 0, "r2": 0}) == "r1"
+    for i in range(3):  # the table's bound forgets keys, never a pin's
+        table.record(keys(list(range(1000 * i, 1000 * i + 8))), "r2")
+    assert table.pinned_replica(pin.prefix[0]) == "r1"
+    now[0] = 10.0
+    assert table.pinned_replica(pin.prefix[0]) is None  # its TTL passed
+    table.routed(pin, "r1")
+    table.forget_replica("r1")
+    assert table.pinned_replica(pin.prefix[0]) is None

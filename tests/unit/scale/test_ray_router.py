@@ -23,8 +23,9 @@ from ray.serve._private.common import (
 )
 from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 
+from modelyard.engine.messages import LoRARequest, PinPrefix
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.scale.messages import LLMCall
+from modelyard.scale.messages import LLMCall, PinCall
 from modelyard.scale.ray_router import PrefixAwareRequestRouter
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -68,9 +69,15 @@ class FakeReplica(RunningReplica):
         return self.queue_len
 
 
-def request(tokens: list[int], session: str | None = None, arg: Any = None) -> PendingRequest:
+def request(
+    tokens: list[int],
+    session: str | None = None,
+    arg: Any = None,
+    lora: LoRARequest | None = None,
+) -> PendingRequest:
     request_id = f"req-{next(_ids)}"
-    call = LLMCall(request_id, tokens, SamplingParams(max_tokens=4), session_id=session)
+    params = SamplingParams(max_tokens=4)
+    call = LLMCall(request_id, tokens, params, session_id=session, lora=lora)
     return PendingRequest(
         args=[call if arg is None else arg],
         kwargs={},
@@ -168,3 +175,31 @@ async def test_a_dead_replica_is_forgotten() -> None:
     await asyncio.sleep(0)
     assert await route(router, request([*SYSTEM_A, 3])) == survivor.replica_id.unique_id
     assert await route(router, request([*SYSTEM_B, 4])) == "r3"  # the empty cache
+
+
+FINANCE = LoRARequest(name="finance", path="/adapters/finance", adapter_id=1)
+
+
+async def test_an_adapters_requests_go_where_it_is_loaded() -> None:
+    r1, r2 = FakeReplica("r1"), FakeReplica("r2")
+    router = await new_router(r1, r2)
+    await route(router, request([*SYSTEM_B, 1]))  # the base's prompts own one replica's cache
+    home = await route(router, request([*SYSTEM_A, 1], lora=FINANCE))
+    for prompt in ([*SYSTEM_B, 2], list(range(300, 316)), [7]):  # new to the table, or short
+        assert await route(router, request(prompt, lora=FINANCE)) == home
+
+
+async def test_a_pin_holds_its_prefix_on_the_replica_that_pinned_it() -> None:
+    r1, r2 = FakeReplica("r1"), FakeReplica("r2")
+    router = await new_router(r1, r2, max_queue_gap=2)
+    command = PinPrefix(request_id="pin-1", prefix_id="pfx-1", token_ids=SYSTEM_A, ttl_s=60.0)
+    owner = await route(router, request([], arg=PinCall(command)))
+    busy, idle = (r1, r2) if owner == "r1" else (r2, r1)
+    set_queue(router, busy, 3)
+    set_queue(router, idle, 0)
+    assert await route(router, request([*SYSTEM_A, 1])) == idle.replica_id.unique_id  # guard
+    set_queue(router, busy, 0)
+    assert await route(router, request([*SYSTEM_A, 2])) == owner  # the pin, not the last route
+    router.on_replica_actor_died(busy.replica_id)  # the pin died with its replica
+    router.update_replicas([idle])
+    assert await route(router, request([*SYSTEM_A, 3])) == idle.replica_id.unique_id

@@ -63,7 +63,7 @@ def test_ray_errors_become_the_routes_errors() -> None:
     from ray import exceptions as ray_errors
     from ray.serve.exceptions import BackPressureError
 
-    from modelyard.scale.provider import local_error
+    from modelyard.scale.calls import local_error
 
     died = ray_errors.ActorDiedError()
     assert isinstance(local_error(died, llm=True), EngineDeadError)
