@@ -9,7 +9,9 @@ Every failure leaves the server as a JSON body in the protocol's own envelope:
 
 `APIError` carries status, OpenAI type, param and Retry-After; `api_error_from_exception` maps
 engine, manager and validation errors onto it, so a route only raises and never formats. Bad
-input is always a 4xx, never a 500.
+input is always a 4xx, never a 500. The handlers answer the exceptions they know where they
+are raised; any other exception, from a route or a middleware, is answered by the outermost
+middleware (api.middleware.LastResortMiddleware, with the same mapping), so none leaves the app.
 """
 
 from __future__ import annotations
@@ -246,6 +248,5 @@ def install_exception_handlers(app: FastAPI) -> None:
         EngineDeadError,
         TimeoutError,
         ValueError,
-        Exception,
     ):
         app.add_exception_handler(exc_type, on_any)

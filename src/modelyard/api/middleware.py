@@ -1,6 +1,7 @@
 """The HTTP edge policies, pure ASGI (BaseHTTPMiddleware would break streaming and disconnects),
 assembled in one function, outermost first:
 
+0. LastResortMiddleware: no exception leaves the app (see its docstring);
 1. RequestIdMiddleware: accept a sane `X-Request-ID` or make one; echo it on the response;
 2. AccessLogMiddleware, MetricsMiddleware: one log line and the HTTP metrics per request (they
    see gateway rejections too);
@@ -12,10 +13,12 @@ assembled in one function, outermost first:
 
 from __future__ import annotations
 
+import logging
+
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelyard.api.errors import APIError
+from modelyard.api.errors import APIError, api_error_from_exception
 from modelyard.api.limits import JsonGuardMiddleware
 from modelyard.config import ModelyardConfig
 from modelyard.error_envelopes import send_error_body
@@ -23,12 +26,19 @@ from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.middleware import build_gateway_middleware
 from modelyard.observability.http import MetricsMiddleware
 from modelyard.observability.logging import AccessLogMiddleware
-from modelyard.observability.request_id import RequestIdMiddleware
+from modelyard.observability.request_id import (
+    REQUEST_ID_HEADER,
+    RequestIdMiddleware,
+    request_id_of,
+)
+
+log = logging.getLogger(__name__)
 
 
 def build_middleware_stack(config: ModelyardConfig, gateway: Gateway) -> list[Middleware]:
     """The middleware list for FastAPI(middleware=...), outermost first."""
     stack = [
+        Middleware(LastResortMiddleware),
         Middleware(RequestIdMiddleware),
         Middleware(AccessLogMiddleware),
         Middleware(MetricsMiddleware),
@@ -38,6 +48,52 @@ def build_middleware_stack(config: ModelyardConfig, gateway: Gateway) -> list[Mi
     stack.append(Middleware(BodyLimitMiddleware, max_body_bytes=config.server.max_body_bytes))
     stack.append(Middleware(JsonGuardMiddleware, server=config.server))
     return stack
+
+
+class LastResortMiddleware:
+    """The outermost policy: an exception that escapes everything inside it (a route, a
+    dependency, a middleware) never leaves the app, where the server would log it and drop the
+    connection, failing the client's next request on it too. Before the response has started,
+    it becomes the response: `api_error_from_exception`'s status (500 for the unforeseen, which
+    it logs) in the envelope of the path's protocol, with the request id. After, the response
+    is left unfinished, which the server answers by closing the connection: the client then
+    knows the body it has is incomplete. Cancellation is not an error: it goes on out."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                log.warning("%s failed after its response started", scope.get("path"), exc_info=exc)
+                return
+            await _answer(scope, send, exc)
+
+
+async def _answer(scope: Scope, send: Send, exc: Exception) -> None:
+    """The error response for `exc` (LastResortMiddleware)."""
+    path = str(scope.get("path", ""))
+    error = api_error_from_exception(exc, path)
+    headers = error.headers()
+    rid = request_id_of(scope)
+    if rid is not None:
+        headers[REQUEST_ID_HEADER.decode()] = rid
+    try:
+        await send_error_body(send, error.status, error.body(path), headers.items())
+    except Exception:  # the connection is gone: nobody is left to answer
+        log.debug("could not send the error response of %s", path, exc_info=True)
 
 
 class BodyLimitMiddleware:
