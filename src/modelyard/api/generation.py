@@ -4,7 +4,8 @@ Pipeline of one HTTP request (`open_generation`):
 
 1. the request path (gateway/request_path.py) authorizes the requested name, routes it, admits
    the tenant's quotas (tpm: body bytes / chars_per_token + max_tokens x n x prompts) and leases
-   targets in order;
+   targets in order; the request's `cache_salt` becomes the tenant's prefix-cache salt
+   (gateway/pin_policy.py);
 2. for the leased LLM, `start` builds the prompts with its tokenizer, checks the request's size
    (api/limits.py: n x prompts, x max_tokens), submits one engine request per prompt and waits
    for each one's first output; an overloaded or dead engine makes the path
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 from starlette.requests import Request
 
 from modelyard.api.errors import ClientDisconnectedError
@@ -40,6 +42,7 @@ from modelyard.engine.protocol import (
 )
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.gateway.base import Principal, RouteDecision
+from modelyard.gateway.pin_policy import PinPolicy
 from modelyard.gateway.request_path import (
     Demand,
     LLMLease,
@@ -231,8 +234,11 @@ async def open_generation(
     """Steps 1-2 above; raises the request path's refusals or the error of the last target."""
     path: RequestPath = request.app.state.request_path
     principal = principal_of(request)
+    ticket = ticket_of(request)
+    salt = PinPolicy.of(ticket).cache_salt(params.cache_salt)
+    params = msgspec.structs.replace(params, cache_salt=salt)
     demand = Demand.generation(
-        ticket_of(request).gateway.config.rate_limit,
+        ticket.gateway.config.rate_limit,
         body_bytes=len(await request.body()),
         max_tokens=params.max_tokens,
         sequences=params.n * num_prompts,

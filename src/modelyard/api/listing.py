@@ -1,7 +1,8 @@
 """What a caller may see of the models (`GET /models`, `GET /v1/models`, `/v2/repository/index`).
 
-A tenant sees only the catalog models its allow-list names (by id, name or alias; /v1/models also
-lists the route names it may use) and, of each, what it is and whether it is loaded: never
+A tenant sees exactly the catalog models its allow-list lets it call (an entry names a model by
+any of its names: gateway/model_names.py; /v1/models also lists the route names and LoRA adapters
+it may call) and, of each, what it is and whether it is loaded: never
 worker process ids, memory figures, the memory budget or load errors. An admin (or anyone when
 auth is off) sees everything the manager reports.
 
@@ -16,34 +17,34 @@ from typing import Any
 
 from starlette.requests import Request
 
-from modelyard.gateway.base import Principal
-from modelyard.gateway.request_path import principal_of
+from modelyard.gateway.request_path import RequestPath, principal_of
 
 #: Per-model fields a tenant may see (the rest is for admins).
 _PUBLIC_FIELDS = ("id", "name", "aliases", "kind", "backend", "version", "description", "state")
 
 
-def _may_see(principal: Principal, model: dict[str, Any]) -> bool:
-    names = [str(model.get("id")), str(model.get("name") or ""), *model.get("aliases", [])]
-    return principal.may_use(*names)
+def may_call(request: Request, name: str) -> bool:
+    """Whether the caller may call the model `name` (the request path's own rule)."""
+    path: RequestPath = request.app.state.request_path
+    return path.names.allows(principal_of(request), name)
 
 
 def visible_catalog(request: Request) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """(the catalog models the caller may use, the provider's whole listing, is admin)."""
-    principal = principal_of(request)
     described: dict[str, Any] = request.app.state.provider.describe()
     available = described.get("available_models", [])
-    models = [dict(m) for m in available if isinstance(m, dict) and _may_see(principal, m)]
-    return models, described, principal.is_admin
+    models = [
+        dict(m) for m in available if isinstance(m, dict) and may_call(request, str(m.get("id")))
+    ]
+    return models, described, principal_of(request).is_admin
 
 
 def visible_model_names(request: Request) -> list[str]:
     """Catalog ids, then route names, that the caller may use (for /v1/models)."""
-    principal = principal_of(request)
     models, _, _ = visible_catalog(request)
     names = [str(m["id"]) for m in models]
     for route in request.app.state.router.route_names():
-        if route not in names and principal.may_use(route):
+        if route not in names and may_call(request, route):
             names.append(route)
     return names
 

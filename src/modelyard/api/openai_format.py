@@ -3,6 +3,7 @@
 Shapes follow the OpenAI API exactly (so the official client parses them), plus one documented
 extra field, `modelyard`, on non-streaming responses and on the usage chunk:
 `{"queue_time", "ttft", "e2e" (seconds), "prompt_tokens", "cached_tokens", "completion_tokens"}`.
+`usage` carries the cached prompt tokens in OpenAI's `prompt_tokens_details.cached_tokens` too.
 
 Choice indices: prompt p's completion i is choice `p * n + i` (as OpenAI numbers them).
 """
@@ -37,11 +38,16 @@ def finish_reason_of(delta: CompletionDelta) -> str | None:
     )
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage_body(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """OpenAI's `usage`: `prompt_tokens_details.cached_tokens` counts the prompt tokens served
+    from the prefix cache (pinned or not), as in the `modelyard` field."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -98,7 +104,7 @@ class OpenAIFormat:
             choice["text"] = delta.text
         return self._chunk([choice])
 
-    def usage_chunk(self, usage: dict[str, int], timings: dict[str, Any]) -> dict[str, Any]:
+    def usage_chunk(self, usage: dict[str, Any], timings: dict[str, Any]) -> dict[str, Any]:
         body = self._chunk([])
         body["usage"] = usage
         body["modelyard"] = timings
@@ -106,7 +112,7 @@ class OpenAIFormat:
 
     # ---------------------------------------------------------------- whole response
     def response(
-        self, choices: dict[int, ChoiceText], usage: dict[str, int], timings: dict[str, Any]
+        self, choices: dict[int, ChoiceText], usage: dict[str, Any], timings: dict[str, Any]
     ) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
         for index in sorted(choices):

@@ -51,6 +51,8 @@ class SamplingFields(BaseModel):
     min_tokens: int = 0
     priority: int = Field(0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)  # + the tenant's priority
     speculate: bool | None = None  # speculative decoding: None = the model's policy
+    # vLLM's prefix-cache salt: requests share cached KV only with those of the same salt
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
     user: str | None = None  # accepted for compatibility; logged, not used
 
     def sampling_params(
@@ -78,6 +80,7 @@ class SamplingFields(BaseModel):
             "seed": self.seed,
             "logprobs": logprobs,
             "speculate": self.speculate,
+            "cache_salt": self.cache_salt,
         }
         optional = {
             "temperature": self.temperature,

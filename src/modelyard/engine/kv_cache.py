@@ -7,8 +7,8 @@ ids a request uses.
 Prefix caching (vLLM v1 style):
 - Every FULL block whose KV is computed gets a hash of (parent block's hash, its token ids), so
   a hash names the whole prefix up to the end of that block, prompt or generated tokens alike.
-  The first block's parent is the request's cache salt (its LoRA adapter), so requests of
-  different adapters never share KV.
+  The first block's parent is the request's cache salt (its LoRA adapter and its
+  `cache_salt`: engine/request.py), so requests of different adapters or salts never share KV.
 - A new request looks up the hashes of its leading full blocks; hits are shared (ref count + 1)
   instead of recomputed. At least the last token is always left to compute, so the runner has
   logits to sample from.

@@ -87,6 +87,7 @@ class PinPrefix(msgspec.Struct, tag="pin", kw_only=True):
     token_ids: list[int]  # the prefix; only its full blocks are pinned
     ttl_s: float  # the pin is released this many seconds after it is in place
     priority: int = 0  # scheduler priority of the prefill request
+    cache_salt: str | None = None  # prefix-cache salt (SamplingParams.cache_salt) of its blocks
 
 
 class UnpinPrefixes(msgspec.Struct, tag="unpin"):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from modelyard.engine.kv_cache import KVCacheManager, hash_block_tokens
 from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason, PinPrefix
-from modelyard.engine.request import BlockHash
+from modelyard.engine.request import BlockHash, prefix_cache_salt
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -46,11 +46,15 @@ def pin_limit_blocks(
     return max(0, min(int(num_blocks * max_pinned_fraction), num_blocks - full_context))
 
 
-def block_hashes_of(token_ids: list[int], block_size: int) -> list[BlockHash]:
-    """The prefix-cache hashes of the full blocks of `token_ids` (the chain of kv_cache)."""
+def block_hashes_of(
+    token_ids: list[int], block_size: int, cache_salt: str | None = None
+) -> list[BlockHash]:
+    """The prefix-cache hashes of the full blocks of `token_ids` (the chain of kv_cache) for a
+    request without adapter and with this `cache_salt`."""
     hashes: list[BlockHash] = []
+    salt = prefix_cache_salt(None, cache_salt)
     for index in range(len(token_ids) // block_size):
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else salt
         chunk = token_ids[index * block_size : (index + 1) * block_size]
         hashes.append(hash_block_tokens(parent, chunk))
     return hashes
@@ -90,7 +94,7 @@ class PrefixPins:
             raise ValueError(f"prefix {command.prefix_id!r} is already pinned")
         if not self.kv.enable_prefix_caching:
             raise ValueError("prefix caching is off for this model: nothing can be pinned")
-        hashes = block_hashes_of(command.token_ids, self.kv.block_size)
+        hashes = block_hashes_of(command.token_ids, self.kv.block_size, command.cache_salt)
         if not hashes:
             raise ValueError(f"a prefix needs at least {self.kv.block_size} tokens to pin")
         new_blocks = len(hashes) - self.kv.num_pinned_among(hashes)
@@ -103,7 +107,9 @@ class PrefixPins:
         return EngineRequest(
             request_id=command.request_id,
             prompt_token_ids=list(command.token_ids),
-            sampling_params=SamplingParams(max_tokens=1, temperature=0.0),
+            sampling_params=SamplingParams(
+                max_tokens=1, temperature=0.0, cache_salt=command.cache_salt
+            ),
             priority=command.priority,
             arrival_time=time.time(),
         )

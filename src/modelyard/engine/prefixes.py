@@ -6,6 +6,8 @@ pin). The registry mirrors the worker's pins (engine/pins.py) closely enough to 
 - `reserve` checks the pin budget with the same rule the worker applies (distinct full blocks
   of every live or pending pin, plus the new prefix's blocks not already counted, at most
   `EngineReady.max_pinned_blocks`) and records the pin as pending; raises PrefixBudgetError;
+  with `owner_limit_blocks` it first checks the owner's share the same way, counting only the
+  owner's pins (PrefixShareError: the gateway's per-tenant share, gateway/pin_policy.py);
 - `commit` makes it live once the worker answered that its blocks are pinned; `drop` forgets
   a pending or live pin;
 - entries past their TTL disappear from every read (the worker releases their blocks on its
@@ -43,6 +45,10 @@ class PrefixBudgetError(RuntimeError):
     """Pinning would leave too little KV cache for serving (HTTP 507)."""
 
 
+class PrefixShareError(PrefixBudgetError):
+    """Pinning would take the owner (tenant) past its share of the pin budget (HTTP 507)."""
+
+
 class PrefixPinError(RuntimeError):
     """The engine could not pin the prefix (its prefill failed or was aborted)."""
 
@@ -66,6 +72,7 @@ class PinnedPrefix:
     created_at: float  # time.time() when the pin was in place
     expires_at: float  # time.time() after which it is gone
     hits: int = 0  # requests that reused its blocks (from the worker's latest stats)
+    cache_salt: str | None = None  # prefix-cache salt of its blocks (SamplingParams.cache_salt)
 
     @property
     def num_tokens(self) -> int:
@@ -113,8 +120,11 @@ class PrefixRegistry:
         ttl_s: float,
         owner: str,
         messages: Sequence[dict[str, str]] | None,
+        cache_salt: str | None = None,
+        owner_limit_blocks: int | None = None,
     ) -> PinnedPrefix:
-        """Validate, check the budget, record as pending; returns the pending prefix."""
+        """Validate, check the owner's share and the budget, record as pending; returns the
+        pending prefix."""
         self._purge()
         ids = [int(t) for t in token_ids]
         if not 0 < ttl_s <= MAX_PREFIX_TTL_S:
@@ -127,7 +137,9 @@ class PrefixRegistry:
                 f"(max_model_len={self.max_model_len})"
             )
         prefix_id = f"pfx-{uuid.uuid4().hex[:24]}"
-        hashes = block_hashes_of(ids, self.block_size)
+        hashes = block_hashes_of(ids, self.block_size, cache_salt)
+        if owner_limit_blocks is not None:
+            self._check_share(hashes, owner, owner_limit_blocks)
         used = {h for entry in self._entries.values() for h in entry.hashes}
         needed = len(used) + len(set(hashes) - used)
         if needed > self.max_pinned_blocks:
@@ -143,6 +155,7 @@ class PrefixRegistry:
             token_ids=ids,
             messages=[dict(m) for m in messages] if messages is not None else None,
             owner=owner,
+            cache_salt=cache_salt,
             num_blocks=len(hashes),
             num_pinned_tokens=len(hashes) * self.block_size,
             ttl_s=ttl_s,
@@ -151,6 +164,16 @@ class PrefixRegistry:
         )
         self._entries[prefix_id] = _Entry(prefix, hashes)
         return prefix
+
+    def _check_share(self, hashes: list[BlockHash], owner: str, limit: int) -> None:
+        mine = {h for e in self._entries.values() if e.prefix.owner == owner for h in e.hashes}
+        needed = len(mine) + len(set(hashes) - mine)
+        if needed > limit:
+            raise PrefixShareError(
+                f"pinning {len(hashes)} KV blocks would exceed this tenant's share of the pin "
+                f"budget of model {self.model!r}: its pins hold {len(mine)} of at most {limit} "
+                f"blocks (of {self.max_pinned_blocks} for all tenants)"
+            )
 
     def commit(self, prefix_id: str) -> PinnedPrefix:
         """The worker pinned it: live from now, TTL counted from now."""
@@ -246,17 +269,28 @@ class EnginePrefixes:
         owner: str = "anonymous",
         messages: Sequence[dict[str, str]] | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
+        owner_limit_blocks: int | None = None,
     ) -> PinnedPrefix:
-        """Prefill and pin `token_ids`; returns once the blocks are pinned. Raises ValueError
-        (bad prefix or TTL), PrefixBudgetError (over the pin budget), PrefixPinError (the
+        """Prefill and pin `token_ids` (hashed with `cache_salt`); returns once the blocks are
+        pinned. Raises ValueError (bad prefix or TTL), PrefixShareError (over the owner's
+        `owner_limit_blocks`), PrefixBudgetError (over the pin budget), PrefixPinError (the
         engine failed it), EngineDeadError."""
-        pending = self._registry.reserve(token_ids, ttl_s=ttl_s, owner=owner, messages=messages)
+        pending = self._registry.reserve(
+            token_ids,
+            ttl_s=ttl_s,
+            owner=owner,
+            messages=messages,
+            cache_salt=cache_salt,
+            owner_limit_blocks=owner_limit_blocks,
+        )
         command = PinPrefix(
             request_id=f"pin-{pending.prefix_id}",
             prefix_id=pending.prefix_id,
             token_ids=pending.token_ids,
             ttl_s=ttl_s,
             priority=priority,
+            cache_salt=cache_salt,
         )
         finished = False
         try:

@@ -54,6 +54,16 @@ _FINISH_REASONS = {
 }
 
 
+def prefix_cache_salt(lora: LoRARequest | None, cache_salt: str | None) -> bytes | None:
+    """The parent hash of a request's first KV block (None: unsalted, shared with every
+    request that starts alike). The adapter part keeps its pre-salt form, so adapter-only
+    hashes do not change."""
+    parts = [] if lora is None else [f"lora:{lora.adapter_id}:{lora.name}"]
+    if cache_salt is not None:
+        parts.append(f"salt:{len(cache_salt)}:{cache_salt}")
+    return "\n".join(parts).encode() if parts else None
+
+
 class Request:
     """One request as the scheduler sees it: tokens, progress, KV blocks, timings.
 
@@ -90,11 +100,9 @@ class Request:
         self.lora = lora  # the adapter it runs with (None: the base model)
         self.spec_k: int | None = None  # its speculative k (engine.spec_decode rule 5; None: k)
         self.spec_trials = (0.0, 0.0)  # rule 5: decayed counts of accepted and tried draft tokens
-        # the prefix cache's salt: KV computed with an adapter is only shared with requests
-        # of the same adapter registration
-        self.cache_salt: bytes | None = (
-            None if lora is None else f"lora:{lora.adapter_id}:{lora.name}".encode()
-        )
+        # the prefix cache's salt: KV is only shared with requests of the same adapter
+        # registration and the same cache_salt
+        self.cache_salt = prefix_cache_salt(lora, sampling_params.cache_salt)
 
     @classmethod
     def from_engine_request(cls, message: EngineRequest) -> Request:

@@ -15,6 +15,8 @@ import msgspec
 
 #: Largest number of top alternatives a request may ask for (`logprobs`).
 MAX_LOGPROBS = 20
+#: Longest `cache_salt`, in characters (after the API process composed it).
+MAX_CACHE_SALT_CHARS = 2048
 #: Integer fields travel as 64-bit integers (msgspec); seeds take the whole signed range.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: Counts (n, top_k, max_tokens, min_tokens) stay within 32 bits.
@@ -76,6 +78,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Speculative decoding for this request: None follows the model's policy (long outputs
     only), True asks for it regardless of max_tokens, False turns it off. No effect on a model
     without a draft; requests with logprobs never speculate."""
+    cache_salt: str | None = None
+    """Not a sampling knob: the request's prefix-cache salt (vLLM's `cache_salt`, composed by
+    the API process with the tenant's). Mixed into the hash of the first KV block, so requests
+    of different salts never share cached KV (engine/request.py). It rides with the parameters
+    so that every engine client carries it unchanged."""
 
     @property
     def greedy(self) -> bool:
@@ -118,6 +125,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             "must be token ids (>= 0)",
         )
         _check(all(s != "" for s in self.stop), "stop", "must not contain empty strings")
+        _check(
+            self.cache_salt is None or 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS,
+            "cache_salt",
+            f"must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters",
+        )
         return self
 
 

@@ -27,18 +27,14 @@ class Principal:
     tenant: str  # tenant id; "anonymous" when auth is off
     key_id: str | None = None  # API key id (never the key) or JWT subject, for logs and metrics
     priority: int = 0  # scheduler priority class for this tenant's LLM requests (higher first)
-    allowed_models: frozenset[str] | None = None  # model ids or route names; None: every model
+    # names of the models and routes it may use (any of their names: gateway/model_names.py);
+    # None: every model
+    allowed_models: frozenset[str] | None = None
     scopes: frozenset[str] = frozenset({INFER_SCOPE})  # infer; admin for model control
 
     @property
     def is_admin(self) -> bool:
         return ADMIN_SCOPE in self.scopes
-
-    def may_use(self, *names: str) -> bool:
-        """Whether any of `names` (a requested name and what it resolves to) is allowed."""
-        if self.allowed_models is None:
-            return True
-        return any(name in self.allowed_models for name in names)
 
 
 ANONYMOUS = Principal(tenant="anonymous", scopes=ALL_SCOPES)  # auth off, or an open path

@@ -9,7 +9,8 @@ gateway:
         scope_claim: scope, admin_scope: admin}
   tenants:
     acme: {models: [chat], priority: 1, rpm: 600, tpm: 100000, ipm: 6000, max_concurrent: 8,
-           admin: false}
+           admin: false, pins: {share: 0.25}}
+  pins: {share: 0.5, max_ttl_s: 86400, salt_by_tenant: false}
   rate_limit: {store: redis, on_store_error: closed, default: {rpm: 60}}
   routes:
     seed: 7
@@ -26,7 +27,8 @@ Every class is a frozen, keyword-only dataclass read by `config_parse.from_mappi
 `GatewayConfig.from_dict` or the server's `ModelyardConfig`), which raises ValueError on anything
 it does not understand (unknown keys included), so a typo in the YAML fails at startup, not at
 the first request. A tenant's quota keys sit in its own mapping; `rate_limit.default` is the
-default quota.
+default quota. `pins` (pinned prefixes and prefix-cache sharing, api/routes/prefixes.py) is set
+for every tenant and may be overridden per tenant, field by field.
 """
 
 from __future__ import annotations
@@ -92,6 +94,47 @@ class Quota:
         )
 
 
+#: Longest TTL a pin may have whatever the config says (the engine's own limit).
+MAX_PIN_TTL_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinsConfig:
+    """What one tenant may do with pinned prefixes and the prefix cache (gateway/pin_policy.py)."""
+
+    # fraction of each model's pin budget (KV blocks) one tenant's pins may hold together
+    share: float = setting(0.5, gt=0, le=1)
+    # longest TTL a pin may ask for (a longer one is a 400 naming this limit)
+    max_ttl_s: float = setting(24 * 3600.0, gt=0, le=MAX_PIN_TTL_S)
+    # salt the tenant's prefix-cache hashes with its id: no KV shared with other tenants
+    salt_by_tenant: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantPins:
+    """A tenant's overrides of `gateway.pins` (None: the gateway's value)."""
+
+    share: float | None = setting(None, gt=0, le=1)  # PinsConfig.share
+    max_ttl_s: float | None = setting(None, gt=0, le=MAX_PIN_TTL_S)  # PinsConfig.max_ttl_s
+    salt_by_tenant: bool | None = None  # PinsConfig.salt_by_tenant
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def over(self, base: PinsConfig) -> PinsConfig:
+        """`base` with this tenant's set fields winning."""
+        return PinsConfig(
+            share=base.share if self.share is None else self.share,
+            max_ttl_s=base.max_ttl_s if self.max_ttl_s is None else self.max_ttl_s,
+            salt_by_tenant=(
+                base.salt_by_tenant if self.salt_by_tenant is None else self.salt_by_tenant
+            ),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class TenantConfig:
     """A tenant's settings; API keys may override them per key."""
@@ -101,6 +144,7 @@ class TenantConfig:
     priority: int = 0  # scheduler priority class (higher first)
     quota: Quota = setting(factory=Quota, inline=True)  # limits shared by the tenant's callers
     admin: bool = False  # every caller of the tenant holds the admin scope
+    pins: TenantPins = setting(factory=TenantPins)  # overrides of gateway.pins
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +256,7 @@ class GatewayConfig:
     tenants: Mapping[str, TenantConfig] = setting(factory=dict)  # by tenant id
     rate_limit: RateLimitConfig = setting(factory=RateLimitConfig)
     routes: RoutesConfig = setting(factory=RoutesConfig)
+    pins: PinsConfig = setting(factory=PinsConfig)  # pinned prefixes, for every tenant
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -223,3 +268,8 @@ class GatewayConfig:
     def from_dict(cls, data: Mapping[str, Any] | None) -> GatewayConfig:
         """Build from the parsed YAML `gateway:` section; raises ValueError when invalid."""
         return from_mapping(cls, data, "gateway")
+
+    def pins_of(self, tenant: str) -> PinsConfig:
+        """The pin settings of `tenant`: its overrides over `pins`."""
+        config = self.tenants.get(tenant)
+        return self.pins if config is None else config.pins.over(self.pins)

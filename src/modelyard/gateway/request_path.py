@@ -10,9 +10,9 @@ authorizes or leases a model itself. In order:
    in the scope: the request's state along the path. Auth off: the anonymous principal, which
    may use every model and holds every scope.
 2. **tenant**: `principal.tenant`; quotas, routing overrides and usage all hang on it.
-3. **authorize**: the requested name, or what it resolves to (the route a route alias belongs
-   to, the catalog id a catalog name or alias means), must be on the principal's allow-list ->
-   else 403 `model_not_allowed`, counted as a `model` rejection.
+3. **authorize**: the requested name must mean a model (a route, or a catalog id: every id,
+   name and alias of it) that an entry of the principal's allow-list means
+   (gateway/model_names.py) -> else 403 `model_not_allowed`, counted as a `model` rejection.
 4. **route**: `router.route(requested, principal)` -> targets in order (the canary draw for
    every caller, then the tenant override, then the stable target and the fallbacks).
 5. **admit**: one atomic call to the limit store: 1 request (rpm), 1 concurrency slot, and the
@@ -51,6 +51,7 @@ from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, LL
 from modelyard.gateway.base import PRINCIPAL_SCOPE_KEY, ModelRouter, Principal, RouteDecision
 from modelyard.gateway.config import RateLimitConfig
 from modelyard.gateway.errors import GatewayError, forbidden
+from modelyard.gateway.model_names import ModelNames
 from modelyard.gateway.ticket import TICKET_SCOPE_KEY, Ticket
 from modelyard.manager.base import (
     Lease,
@@ -60,7 +61,7 @@ from modelyard.manager.base import (
     ModelUnavailableError,
     Predictor,
 )
-from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.model_spec import ModelKind
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -195,6 +196,7 @@ class RequestPath:
         self.provider = provider
         self.router = router
         self.timeout_s = timeout_s  # lease + start must finish within it (server timeout)
+        self.names = ModelNames(router, provider.spec)  # what a name means (allow-lists)
 
     async def open_llm(
         self,
@@ -261,31 +263,14 @@ class RequestPath:
             return dict(lease.metadata)
 
     def authorize(self, ticket: Ticket, requested: str) -> None:
-        """403 unless the name, or what it resolves to, is on the allow-list (step 3)."""
+        """403 unless the name means a model the allow-list names (step 3)."""
         principal = ticket.identity.principal
-        if principal.allowed_models is None or principal.may_use(*self.names_of(requested)):
+        if self.names.allows(principal, requested):
             return
         ticket.gateway.usage.record_rejection(principal.tenant, "model")
         raise forbidden(
             f"model {requested!r} is not allowed for this key", "model_not_allowed", "model"
         )
-
-    def names_of(self, requested: str) -> list[str]:
-        """The requested name, the route it belongs to and the catalog id it means."""
-        names = [requested]
-        route = self.router.resolve(requested)
-        if route is not None:
-            names.append(route)
-        spec = self._spec(requested)
-        if spec is not None:
-            names.append(spec.id)
-        return names
-
-    def _spec(self, name: str) -> ModelSpec | None:
-        try:
-            return self.provider.spec(name)
-        except ModelNotFoundError:
-            return None
 
     async def _lease_first(
         self,
@@ -297,7 +282,7 @@ class RequestPath:
     ) -> Served[T]:
         last_error: BaseException | None = None
         for target in decision.targets:
-            spec = self._spec(target)
+            spec = self.names.spec(target)
             if spec is not None and spec.kind not in demand.kinds:
                 raise GatewayError(
                     400,

@@ -45,6 +45,11 @@ class RequestTracker:
     def completion_tokens(self) -> int:
         return self.last.num_generated_tokens if self.last else 0
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache."""
+        return self.last.num_cached_tokens if self.last else 0
+
     def record(self, *, aborted: bool = False) -> None:
         """Record the request once; `aborted` when it ended before finishing."""
         if self._recorded:

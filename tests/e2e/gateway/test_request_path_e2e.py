@@ -9,7 +9,13 @@
   header and in the per-tenant usage metric;
 - items per minute on /v1/embeddings: 429 with Retry-After and X-RateLimit-*, one limit for
   both servers;
-- what a tenant sees: /models, /v1/models, the repository index, /metrics.
+- what a tenant sees: /models, /v1/models, the repository index, /metrics;
+- allow-lists by every name: a key with `models: [smollm2]` calls the id, `default-chat` and the
+  textbook routes, and /v1/models shows it exactly that model;
+- pins between tenants: each tenant pins at most its share of the pin budget (507), and
+  /v1/prefixes shows a narrow key only its models' budgets;
+- `cache_salt`: differently salted requests share no cached tokens, equal salts do, as OpenAI's
+  `usage.prompt_tokens_details.cached_tokens` reports.
 One module, two servers (the second starts without preloading and serves only embeddings).
 """
 
@@ -78,6 +84,9 @@ def _keys(db: Path) -> dict[str, str]:
         "ops": {"tenant": "ops"},
         "beta": {"tenant": "beta"},
         "bulk": {"tenant": "bulk", "ipm": 10},
+        "smollm2-only": {"tenant": "solo", "models": ("smollm2",)},
+        "pin-a": {"tenant": "pin-a"},
+        "pin-b": {"tenant": "pin-b"},
     }
     keys = {}
     for name, spec in specs.items():
@@ -115,6 +124,7 @@ def _config(redis_url: str, db: Path, seed: int) -> str:
         "keys": {"sqlite_path": str(db), "cache_ttl_s": 0},
         "rate_limit": {"store": "redis", "on_store_error": "closed"},
         "routes": routes,
+        "pins": {"share": 0.05},  # 18 of the chat model's 364 pinnable blocks per tenant
     }
     manager = {"retry_backoff_s": 60.0}  # the broken model is not retried during the module
     return yaml.safe_dump({"gateway": gateway, "manager": manager})
@@ -331,3 +341,70 @@ def test_a_tenant_sees_only_its_models(walk: Walk) -> None:
     assert admin["memory"]["budget_bytes"] > 0
     assert httpx.get(f"{walk.url}/metrics", headers=walk.auth("acme")).status_code == 403
     assert httpx.get(f"{walk.url}/metrics").status_code == 401
+
+
+def test_a_key_listing_an_alias_calls_every_name_of_the_model(walk: Walk) -> None:
+    short = {"max_tokens": 2, "temperature": 0}
+    chat = [{"role": "user", "content": "Say hi."}]
+    calls = [
+        ("/v1/chat/completions", {"model": LLM, "messages": chat, **short}),
+        ("/v1/completions", {"model": "default-chat", "prompt": "Hello", **short}),
+        ("/generate", {"prompts": ["Hello"], **short}),  # the textbook default model
+        ("/basic_generate", {"prompt": "Hello", **short}),
+    ]
+    for path, body in calls:
+        response = _post(walk, path, body, "smollm2-only")
+        assert response.status_code == 200, (path, response.text)
+        assert response.headers["x-modelyard-route"].endswith(f"->{LLM};direct"), path
+    _refused(_post(walk, "/v1/embeddings", {"model": EMBEDDER, "input": "x"}, "smollm2-only"), 403)
+    listed = httpx.get(f"{walk.url}/v1/models", headers=walk.auth("smollm2-only")).json()["data"]
+    assert [m["id"] for m in listed] == [LLM]
+
+
+def _pin(walk: Walk, key: str, first_token: int) -> httpx.Response:
+    tokens = list(range(first_token, first_token + 256))  # 16 blocks of 16 tokens
+    return _post(walk, "/v1/prefixes", {"model": "smollm2", "token_ids": tokens}, key)
+
+
+def test_each_tenant_pins_at_most_its_share(walk: Walk) -> None:
+    assert _pin(walk, "pin-a", 1000).status_code == 200
+    assert _pin(walk, "pin-b", 2000).status_code == 200  # the other tenant's pins don't count
+    refused = _pin(walk, "pin-b", 3000)  # 32 of its 18 blocks
+    assert _refused(refused, 507) == "pin_share_exceeded"
+    listing = httpx.get(f"{walk.url}/v1/prefixes", headers=walk.auth("pin-b")).json()
+    budget = listing["models"][LLM]
+    assert budget["tenant_max_pinned_blocks"] == budget["max_pinned_blocks"] * 5 // 100
+    assert budget["pinned_blocks"] + 16 <= budget["max_pinned_blocks"]  # the model had room
+    assert [p["owner"] for p in listing["data"]] == ["pin-b"]
+    narrow = httpx.get(f"{walk.url}/v1/prefixes", headers=walk.auth("embed-only")).json()
+    assert narrow["models"] == {}  # not a model it may use
+
+
+def test_cache_salt_separates_cached_prompts(walk: Walk) -> None:
+    first = random.SystemRandom().randrange(5000, 40000)
+    prompt = list(range(first, first + 100))  # 6 full blocks the cache can serve
+
+    def cached(salt: str) -> int:
+        body = {"model": LLM, "prompt": prompt, "max_tokens": 2, "cache_salt": salt}
+        response = _post(walk, "/v1/completions", body, "acme")
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        assert (
+            usage["prompt_tokens_details"]["cached_tokens"]
+            == response.json()["modelyard"]["cached_tokens"]
+        )
+        return int(usage["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached("tenant-one") == 0
+    assert cached("tenant-two") == 0  # the same prompt, another salt: nothing shared
+    assert cached("tenant-one") == 96  # the same salt: its 6 blocks
+    stream = {
+        "model": LLM,
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    response = _post(walk, "/v1/chat/completions", stream, "acme")
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: {")]
+    assert "cached_tokens" in json.loads(events[-1])["usage"]["prompt_tokens_details"]

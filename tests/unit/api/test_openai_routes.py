@@ -78,7 +78,12 @@ async def test_chat_response_shape_and_headers(client: httpx.AsyncClient) -> Non
             "finish_reason": "length",
         }
     ]
-    assert data["usage"] == {"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11}
+    assert data["usage"] == {
+        "prompt_tokens": 8,
+        "completion_tokens": 3,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert data["modelyard"]["ttft"] == pytest.approx(1.0)
     assert float(r.headers["x-modelyard-queue-time"]) == pytest.approx(0.5)
     assert float(r.headers["x-modelyard-ttft"]) == pytest.approx(1.0)
@@ -141,7 +146,12 @@ async def test_chat_stream_framing(client: httpx.AsyncClient) -> None:
     assert content == "cba"
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 8,
+        "completion_tokens": 3,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 async def test_completion_stream_without_usage(client: httpx.AsyncClient) -> None:

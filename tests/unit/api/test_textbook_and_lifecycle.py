@@ -48,7 +48,12 @@ async def test_generate_stream_events_and_final_event(client: httpx.AsyncClient)
     assert final["done"] is True
     assert final["generated_text"] == "cba"
     assert final["finish_reason"] == "length"
-    assert final["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert final["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 3,
+        "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 async def test_two_concurrent_streams_get_their_own_tokens(

@@ -25,7 +25,7 @@ from modelyard.api.generation import (
     cancel_on_disconnect,
     open_generation,
 )
-from modelyard.api.listing import visible_model_names
+from modelyard.api.listing import may_call, visible_model_names
 from modelyard.api.openai_format import ChoiceText, OpenAIFormat, finish_reason_of, usage_body
 from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from modelyard.api.routes.prefixes import resolve_named_prefix
@@ -33,7 +33,7 @@ from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.protocol import LLMClient
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.gateway.request_path import principal_of, runs_model
+from modelyard.gateway.request_path import runs_model
 
 router = APIRouter()
 
@@ -115,7 +115,7 @@ async def list_models(request: Request) -> dict[str, Any]:
             "parent": adapter.base,
         }
         for adapter in getattr(request.app.state, "loras", ())
-        if principal_of(request).may_use(adapter.lora.name)
+        if may_call(request, adapter.lora.name)
     ]
     return {"object": "list", "data": data}
 
@@ -210,11 +210,13 @@ def _token_ids(llm: LLMClient, prompt: Prompt) -> list[int]:
     return list(prompt)
 
 
-def _token_counts(gen: Generation) -> tuple[int, int]:
+def _token_counts(gen: Generation) -> tuple[int, int, int]:
+    """(prompt, completion, cached prompt) tokens of every stream."""
     streams: Sequence[Any] = gen.streams
     prompt = sum(s.tracker.prompt_tokens for s in streams)
     completion = sum(s.tracker.completion_tokens for s in streams)
-    return prompt, completion
+    cached = sum(s.tracker.cached_tokens for s in streams)
+    return prompt, completion, cached
 
 
 def _timing_headers(timings: dict[str, Any]) -> dict[str, str]:

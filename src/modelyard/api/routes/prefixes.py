@@ -1,27 +1,33 @@
 """The prefix API (CAG): pin a knowledge prefix in a model's KV cache, list it, release it.
 
-- `POST /v1/prefixes` `{"model", one of "text" | "token_ids" | "messages", "ttl_s"?}` prefills
-  the prefix once and pins its full KV blocks (engine/pins.py); answers the prefix object
-  (`id`, `model`, `num_tokens`, `num_pinned_tokens`, `num_blocks`, `expires_at`, `hits`...)
-  once the blocks are pinned. `messages` are chat messages (typically one system message with
-  the knowledge) rendered with the model's chat template as the opening of a conversation.
-- `GET /v1/prefixes[?model=M]` lists the live pins with each model's pin budget;
+- `POST /v1/prefixes` `{"model", one of "text" | "token_ids" | "messages", "ttl_s"?,
+  "cache_salt"?}` prefills the prefix once and pins its full KV blocks (engine/pins.py);
+  answers the prefix object (`id`, `model`, `num_tokens`, `num_pinned_tokens`, `num_blocks`,
+  `expires_at`, `hits`...) once the blocks are pinned. `messages` are chat messages (typically
+  one system message with the knowledge) rendered with the model's chat template as the
+  opening of a conversation.
+- `GET /v1/prefixes[?model=M]` lists the caller's live pins with the pin budget of each model it
+  may use (`M`: any name of one model);
   `GET /v1/prefixes/{id}` one pin; `DELETE /v1/prefixes/{id}` releases it.
 - `/v1/chat/completions` and `/v1/completions` accept `"prefix_id"`: the pin's messages are put
   before the request's messages (a text or token-id pin: its tokens before the prompt), so the
   prompt starts with the pinned tokens. Any request whose prompt starts with those tokens
-  reuses the pinned blocks, named or not: that is plain prefix caching.
+  reuses the pinned blocks, named or not: that is plain prefix caching, within one prefix-cache
+  salt (the request's `cache_salt` and, with `salt_by_tenant`, the tenant's: a pin serves the
+  requests of its own salt only).
 
 `POST` goes through the request path (gateway/request_path.py) like every model route:
 authorize, route, admit (the prefix's tokens count against tokens-per-minute), lease.
 Scope: whoever may use a model may pin prefixes on it; a pin belongs to
 the tenant that made it: other tenants neither see, name nor delete it (admins see and delete
 every pin). Pins count against the model's KV cache: over the budget the answer is 507
-(`insufficient_storage`). Pins end at their TTL (default 1 h), on DELETE, or when the model is
-unloaded.
+(`pin_budget_exceeded`), over the tenant's share of it (gateway.pins.share) 507
+(`pin_share_exceeded`). Pins end at their TTL (default 1 h, at most gateway.pins.max_ttl_s),
+on DELETE, or when the model is unloaded. The tenant policy is gateway/pin_policy.py.
 
-Errors use the OpenAI envelope: 400 bad input, 403 model not allowed, 404 unknown prefix or
-model, 507 over the pin budget, 503 model unavailable or the engine failed the pin.
+Errors use the OpenAI envelope: 400 bad input or a TTL past the tenant's limit, 403 model not
+allowed, 404 unknown prefix or model, 507 over the pin budget or the tenant's share, 503 model
+unavailable or the engine failed the pin.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelyard.api.errors import APIError
+from modelyard.api.listing import may_call
 from modelyard.api.protocol import ChatMessage
 from modelyard.engine.prefixes import (
     DEFAULT_PREFIX_TTL_S,
@@ -43,9 +50,11 @@ from modelyard.engine.prefixes import (
     PinnedPrefix,
     PrefixBudgetError,
     PrefixPinError,
+    PrefixShareError,
 )
 from modelyard.engine.protocol import LLMClient
 from modelyard.gateway.base import Principal
+from modelyard.gateway.pin_policy import PinPolicy
 from modelyard.gateway.request_path import (
     Demand,
     LLMLease,
@@ -69,7 +78,10 @@ class PrefixRequest(BaseModel):
     text: str | None = None  # the prefix as text (tokenized as a /v1/completions prompt)
     token_ids: list[int] | None = None  # the prefix as token ids
     messages: list[ChatMessage] | None = None  # the opening of a chat (e.g. a system message)
-    ttl_s: float = Field(default=DEFAULT_PREFIX_TTL_S, gt=0, le=MAX_PREFIX_TTL_S)
+    # None: 1 h (at most the tenant's max_ttl_s); past max_ttl_s: 400
+    ttl_s: float | None = Field(default=None, gt=0, le=MAX_PREFIX_TTL_S)
+    # vLLM's prefix-cache salt: the pin serves requests of the same cache_salt
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
 
 
 class PrefixDirectory:
@@ -127,8 +139,11 @@ async def create_prefix(body: PrefixRequest, request: Request) -> dict[str, Any]
     principal = principal_of(request)
     messages = [m.as_template_message() for m in body.messages or []] or None
     path: RequestPath = request.app.state.request_path
+    ticket = ticket_of(request)
+    policy = PinPolicy.of(ticket)
+    ttl_s = policy.ttl_s(body.ttl_s, default=DEFAULT_PREFIX_TTL_S)
     demand = Demand.generation(
-        ticket_of(request).gateway.config.rate_limit,
+        ticket.gateway.config.rate_limit,
         body_bytes=len(await request.body()),
         max_tokens=1,
         sequences=1,
@@ -139,11 +154,20 @@ async def create_prefix(body: PrefixRequest, request: Request) -> dict[str, Any]
         token_ids = await _prefix_tokens(lease.llm, body, messages)
         directory_of(request).add(engine)
         return await engine.pin(
-            token_ids, ttl_s=body.ttl_s, owner=principal.tenant, messages=messages
+            token_ids,
+            ttl_s=ttl_s,
+            owner=principal.tenant,
+            messages=messages,
+            cache_salt=policy.cache_salt(body.cache_salt),
+            owner_limit_blocks=policy.share_blocks(engine.max_pinned_blocks),
         )
 
     try:
         served = await path.open_llm(request, body.model, demand, pin)
+    except PrefixShareError as exc:
+        raise APIError(
+            507, str(exc), type="insufficient_storage", code="pin_share_exceeded"
+        ) from exc
     except PrefixBudgetError as exc:
         raise APIError(
             507, str(exc), type="insufficient_storage", code="pin_budget_exceeded"
@@ -157,16 +181,24 @@ async def create_prefix(body: PrefixRequest, request: Request) -> dict[str, Any]
 
 @router.get("/v1/prefixes")
 async def list_prefixes(request: Request, model: str | None = None) -> dict[str, Any]:
+    """The caller's pins and the budgets of the models it may use (`model`: of that one)."""
     principal = principal_of(request)
+    policy = PinPolicy.of(ticket_of(request))
+    path: RequestPath = request.app.state.request_path
+    wanted = None if model is None else path.names.identities(model)
     data: list[dict[str, object]] = []
     budgets: dict[str, dict[str, int]] = {}
     for engine in directory_of(request).engines():
-        if model is not None and engine.model != model:
+        if not may_call(request, engine.model):
+            continue
+        if wanted is not None and not wanted & path.names.identities(engine.model):
             continue
         pins = engine.list()
+        share = policy.share_blocks(engine.max_pinned_blocks)
         budgets[engine.model] = {
             "pinned_blocks": engine.num_pinned_blocks(),
             "max_pinned_blocks": engine.max_pinned_blocks,
+            "tenant_max_pinned_blocks": engine.max_pinned_blocks if share is None else share,
             "block_size": engine.block_size,
         }
         data += [p.describe() for p in pins if visible(p, principal)]

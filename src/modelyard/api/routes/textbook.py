@@ -136,7 +136,9 @@ async def _token_events(gen: Generation) -> AsyncIterator[bytes]:
                 "sequence_id": sequence_id,
                 "finish_reason": finish_reason,
                 "generated_text": "".join(text),
-                "usage": usage_body(tracker.prompt_tokens, tracker.completion_tokens),
+                "usage": usage_body(
+                    tracker.prompt_tokens, tracker.completion_tokens, tracker.cached_tokens
+                ),
                 "modelyard": gen.timings(),
             }
         )
