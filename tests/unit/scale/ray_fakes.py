@@ -42,6 +42,7 @@ class FakeReplica:
     name: str
     calls: list[LLMCall] = field(default_factory=list)
     pinned: dict[str, list[int]] = field(default_factory=dict)  # prefix id -> tokens
+    pin_commands: list[PinPrefix] = field(default_factory=list)
     unpinned: list[str] = field(default_factory=list)
     dropped: list[list[str]] = field(default_factory=list)
 
@@ -63,6 +64,7 @@ class FakeReplica:
 
     async def pin(self, call: PinCall) -> AsyncIterator[EngineOutput]:
         self.pinned[call.command.prefix_id] = list(call.command.token_ids)
+        self.pin_commands.append(call.command)
         yield EngineOutput(
             request_id=call.command.request_id,
             new_token_ids=[],

@@ -92,3 +92,20 @@ async def test_a_pin_lives_on_the_replica_its_prefix_is_routed_to(
     assert [r.unpinned for r in deployment.replicas.values() if r is not owner] == [[]]
     assert owner.unpinned == [body["id"]]  # the broadcast reached the pin's replica
     assert (await client.get("/v1/prefixes")).json()["data"] == []
+
+
+async def test_a_cache_salt_reaches_the_replica_with_the_pin_and_the_request(
+    client: httpx.AsyncClient, deployment: FakeDeployment
+) -> None:
+    knowledge = "S" * (2 * BLOCK)
+    body = {"model": "m", "text": knowledge, "cache_salt": "team-a"}
+    pinned = await client.post("/v1/prefixes", json=body)
+    assert pinned.status_code == 200, pinned.text
+    owner = deployment.replicas[deployment.routed[-1]]
+    salt = owner.pin_commands[-1].cache_salt  # as the gateway composed it
+    assert salt is not None
+    assert "team-a" in salt
+    request = {"model": "m", "prompt": knowledge + "?", "max_tokens": 1, "cache_salt": "team-a"}
+    assert (await client.post("/v1/completions", json=request)).status_code == 200
+    assert deployment.routed[-1] == owner.name
+    assert owner.calls[-1].params.cache_salt == salt  # the same salt: the pinned KV serves it
