@@ -1,16 +1,21 @@
-"""Helpers for the LoRA tests (integration and e2e): adapters made with `peft` on a saved base
-model (non-zero B), and `peft`'s merged model as the greedy reference. A module with a unique
-name (`conftest` is ambiguous when several areas have one)."""
+"""Helpers for the LoRA tests (unit, integration and e2e): adapters made with `peft` on a saved
+base model (non-zero B), `peft`'s merged model as the greedy reference, a tiny random Llama to
+make adapters on, and malformed adapters (one thing wrong each). A module with a unique name
+(`conftest` is ambiguous when several areas have one)."""
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from modelyard.engine.messages import LoRARequest
 
@@ -91,3 +96,111 @@ class MergedReference:
 
 def lora_request(name: str, path: Path, adapter_id: int) -> LoRARequest:
     return LoRARequest(name=name, path=str(path), adapter_id=adapter_id)
+
+
+def tiny_llama(folder: Path, *, hidden: int = 32, layers: int = 2) -> Path:
+    """A tiny random Llama saved in `folder`: a base for adapters in tests without a real model
+    (or, of another size, a base whose adapters fit no served model)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+#: the cases of `malformed_adapters`
+MALFORMED = (
+    "config-not-json",
+    "config-a-list",
+    "alpha-a-list",
+    "alpha-pattern-a-list",
+    "rslora-a-string",
+    "dora",
+    "safetensors-corrupt",
+    "safetensors-truncated",
+    "no-safetensors",
+    "no-config",
+    "no-folder",
+    "nan-weights",
+    "only-lora-a",
+    "rank-too-large",
+    "for-another-base",
+    "unsupported-target-module",
+)
+
+
+def malformed_adapters(
+    base: Path, good: Path, root: Path, *, other_base: Path
+) -> dict[str, tuple[Path, str]]:
+    """Broken adapters for `base` under `root`, most of them copies of `good` (an adapter of
+    `base`, rank <= 8) with one thing wrong: case -> (folder, words its refusal must contain).
+    `other_base` is a model of other shapes."""
+    cases: dict[str, tuple[Path, str]] = {}
+
+    def copy(case: str, words: str) -> Path:
+        folder = root / case
+        shutil.copytree(good, folder)
+        cases[case] = (folder, words)
+        return folder
+
+    def config_text(case: str, words: str, text: str) -> None:
+        (copy(case, words) / "adapter_config.json").write_text(text)
+
+    def config_fields(case: str, words: str, **fields: Any) -> None:
+        config = json.loads((good / "adapter_config.json").read_text())
+        config_text(case, words, json.dumps({**config, **fields}))
+
+    def tensors(case: str, words: str, change: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        folder = copy(case, words)
+        weights = load_file(folder / "adapter_model.safetensors")
+        change(weights)
+        save_file(weights, folder / "adapter_model.safetensors")
+
+    config_text("config-not-json", "adapter_config.json is not valid JSON", "{not json")
+    config_text("config-a-list", "must hold a JSON object, not a list", "[1, 2]")
+    config_fields("alpha-a-list", "lora_alpha must be a finite number", lora_alpha=[16])
+    config_fields("alpha-pattern-a-list", "alpha_pattern must be", alpha_pattern=["q_proj"])
+    config_fields("rslora-a-string", "use_rslora must be true or false", use_rslora="yes")
+    config_fields("dora", "only plain LoRA", use_dora=True)
+    raw = (good / "adapter_model.safetensors").read_bytes()
+    corrupt = copy("safetensors-corrupt", "not a valid safetensors file")
+    (corrupt / "adapter_model.safetensors").write_bytes(b"\x10\x00" + raw[2:])
+    truncated = copy("safetensors-truncated", "not a valid safetensors file")
+    (truncated / "adapter_model.safetensors").write_bytes(raw[: len(raw) // 2])
+    (copy("no-safetensors", "no adapter_model.safetensors") / "adapter_model.safetensors").unlink()
+    (copy("no-config", "no adapter_config.json") / "adapter_config.json").unlink()
+    cases["no-folder"] = (root / "nothing-here", "no PEFT LoRA folder")
+    tensors("nan-weights", "NaN or infinite", lambda w: next(iter(w.values())).fill_(math.nan))
+    tensors("only-lora-a", "needs both lora_A and lora_B", _drop_a_lora_b)
+    tensors("rank-too-large", "max_lora_rank", _pad_rank)
+    cases["for-another-base"] = (
+        make_adapter(other_base, root / "for-another-base", seed=5, rank=4),
+        "does not fit the base",
+    )
+    with warnings.catch_warnings():  # peft warns of the (maybe tied) output layer it targets
+        lm_head_warnings = "Setting `save_embedding_layers`|Model has `tie_word_embeddings"
+        warnings.filterwarnings("ignore", lm_head_warnings, UserWarning)
+        lm_head = make_adapter(base, root / "lm-head", seed=6, rank=4, target_modules=["lm_head"])
+    cases["unsupported-target-module"] = (lm_head, "unsupported target module 'lm_head'")
+    assert tuple(cases) == MALFORMED
+    return cases
+
+
+def _drop_a_lora_b(weights: dict[str, torch.Tensor]) -> None:
+    del weights[next(k for k in weights if "lora_B" in k)]
+
+
+def _pad_rank(weights: dict[str, torch.Tensor]) -> None:
+    """Every A (r, in) and B (out, r) zero-padded to r = 32."""
+    for key, value in weights.items():
+        pad = (0, 0, 0, 32 - value.shape[0]) if "lora_A" in key else (0, 32 - value.shape[1])
+        weights[key] = torch.nn.functional.pad(value, pad).contiguous()

@@ -229,3 +229,43 @@ def test_adapters_through_the_openai_and_vllm_apis(
     assert httpx.post(unload, json=legal_name, headers=auth()).status_code == 200
     assert complete(server, "legal").status_code == 404
     assert httpx.post(unload, json=legal_name, headers=auth()).status_code == 404
+
+
+def test_malformed_adapters_are_400s_on_a_connection_that_serves_on(
+    server: ServerProcess, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    from lora_helpers import MALFORMED, malformed_adapters, tiny_llama
+    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+
+    base = resolve_model(DEFAULT_MODEL).path
+    other_base = tiny_llama(tmp_path / "other-base", hidden=48)
+    cases = malformed_adapters(base, adapters["finance"], tmp_path, other_base=other_base)
+    load = f"{server.url}/v1/load_lora_adapter"
+    with httpx.Client(base_url=server.url, headers=auth(), timeout=120) as client:
+        ends: set[object] = set()  # the client's end of every connection used
+        for case in MALFORMED:
+            folder, words = cases[case]
+            refused = client.post(load, json={"lora_name": case, "lora_path": str(folder)})
+            assert refused.status_code == 400, (case, refused.text)
+            assert words in refused.json()["error"]["message"], case
+            listed = client.get("/v1/models")
+            assert listed.status_code == 200, (case, listed.text)
+            assert case not in {m["id"] for m in listed.json()["data"]}
+            ends |= {connection_end(refused), connection_end(listed)}
+        body = {"lora_name": "support", "lora_path": str(adapters["finance"])}
+        assert client.post(load, json=body).status_code == 200
+        texts = {}
+        for model in ("support", "finance"):
+            completion = {"model": model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0}
+            response = client.post("/v1/completions", json=completion)
+            assert response.status_code == 200, response.text
+            texts[model] = response.json()["choices"][0]["text"]
+            ends.add(connection_end(response))
+        assert texts["support"] == texts["finance"]  # the same folder under another name
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": "support"}).is_success
+    assert len(ends) == 1  # one connection throughout: no refusal dropped it
+
+
+def connection_end(response: httpx.Response) -> object:
+    """The (host, port) of the client's end of the connection that carried the response."""
+    return response.extensions["network_stream"].get_extra_info("client_addr")
