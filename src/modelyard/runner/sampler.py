@@ -13,13 +13,19 @@ request with sample=True) into one token per row. Steps, in order (vLLM Sampler 
    multiplied), then frequency (per occurrence) and presence (once) penalties over output
    tokens, subtracted.
 5. Greedy rows (temperature 0): argmax of the penalized logits.
-6. Other rows: divide by temperature; top_k; top_p (nucleus); min_p (relative to the most likely
-   token); softmax; draw one token (the inverse of the row's CDF at one uniform draw). Rows with
-   no filter (the OpenAI default) take all of step 6 in one compiled pass (`_native_draw`,
-   csrc/sampling.cpp) where the kernels are built. Rows with a seed draw their uniform from
-   their own torch.Generator (created at first sight, kept across steps and preemption, dropped
-   by `forget`), so a seed gives the same tokens whatever the batch mates; unseeded rows draw
+6. Other rows: divide by temperature; top_k; top_p (nucleus); softmax; min_p (relative to the
+   most likely token) and renormalise; draw one token (the inverse of the row's CDF at one
+   uniform draw). Rows with no filter (the OpenAI default) take all of step 6 in one compiled
+   pass (`_native_draw`, csrc/sampling.cpp) where the kernels are built: softmax(logits /
+   temperature), the same distribution. Rows with a seed draw their uniform from their own
+   torch.Generator (created at first sight, kept across steps and preemption, dropped by
+   `forget`), so a seed gives the same tokens whatever the batch mates; unseeded rows draw
    together from torch's global generator.
+
+Speculative verification (runner.spec_decode.verify) needs the distributions without the draw:
+`target_distributions` runs steps 3-6 through the same two functions as `sample`
+(`_penalize` for steps 3-4, `_probabilities` for step 6), so the two cannot drift apart. A
+change to what a row samples from belongs in one of those two.
 """
 
 from __future__ import annotations
@@ -58,8 +64,7 @@ class Sampler:
         logits = logits.to(torch.float32, copy=any(self._modifies(r) for r in requests))
         params = [r.sampling_params for r in requests]
         raw_logprobs = _raw_logprobs(logits, params)
-        self._apply_min_tokens(logits, requests)
-        _apply_penalties(logits, requests)
+        self._penalize(logits, requests)
         tokens = self._choose(logits, requests)
         return tokens, _collect_logprobs(raw_logprobs, params, tokens)
 
@@ -68,13 +73,14 @@ class Sampler:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Steps 3-6 without the draw, for verifying proposed tokens: logits (B, V) ->
         (argmax of the penalized logits (B,) — the greedy rows' tokens, probabilities (B, V)
-        of every row, or None when every row is greedy). Row i's output_token_ids must hold
+        or None when every row is greedy). A sampling row's probabilities are exactly the
+        distribution `sample` draws that row's token from, normalised to sum 1 (NaN where the
+        logits are, all -inf included); greedy rows are 0. Row i's output_token_ids must hold
         the tokens before its position."""
         if all(_is_plain_greedy(r) for r in requests):
             return _argmax(logits), None
         logits = logits.to(torch.float32, copy=True)
-        self._apply_min_tokens(logits, requests)
-        _apply_penalties(logits, requests)
+        self._penalize(logits, requests)
         tokens = _argmax(logits)
         rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if not rows:
@@ -93,6 +99,11 @@ class Sampler:
     def _modifies(req: ScheduledRequest) -> bool:
         p = req.sampling_params
         return _has_penalties(p) or len(req.output_token_ids) < p.min_tokens
+
+    def _penalize(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> None:
+        """Steps 3-4 in place on float32 (B, V) logits: min_tokens, then the penalties."""
+        self._apply_min_tokens(logits, requests)
+        _apply_penalties(logits, requests)
 
     def _apply_min_tokens(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> None:
         rows: list[int] = []
@@ -169,6 +180,12 @@ def _draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
 
 
+def draw_one(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from (V,) probabilities with a positive total (not necessarily 1), by the rule
+    `sample` draws with, at one uniform draw from `generator` (None: torch's global one)."""
+    return int(_draw(probs.unsqueeze(0), torch.rand(1, generator=generator))[0])
+
+
 def _native_draw(logits: torch.Tensor, inv_t: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """csrc/sampling.cpp: one token per row of logits (R, V) float32 or bfloat16 contiguous,
     drawn from softmax(logits x inv_t (R,) float32) by inverting the row's CDF at uniform (R,)
@@ -183,6 +200,8 @@ def _has_penalties(p: SamplingParams) -> bool:
 
 
 def _unfiltered(p: SamplingParams) -> bool:
+    """No filter of `_probabilities` applies (the compiled draw skips them): it must name
+    every one, or plain sampling and verification part ways."""
     return p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0
 
 
@@ -247,7 +266,9 @@ def _apply_penalties(logits: torch.Tensor, requests: Sequence[ScheduledRequest])
 
 
 def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """(R, V) penalized logits of the non-greedy rows -> (R, V) filtered probabilities."""
+    """(R, V) penalized logits of the non-greedy rows -> (R, V) probabilities each row samples
+    from (step 6 without the draw): temperature, top_k, top_p, softmax, min_p, each row
+    renormalised to sum 1."""
     if any(p.temperature != 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
         logits = logits / temps.unsqueeze(1)
@@ -260,6 +281,7 @@ def _probabilities(logits: torch.Tensor, params: Sequence[SamplingParams]) -> to
     if bool((min_p > 0).any()):
         threshold = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)  # (R, 1)
         probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)  # the most likely token is always kept
     return probs
 
 

@@ -5,6 +5,8 @@ model and declares a LoRA adapter made here with `peft`.
 - greedy answers with and without speculation are identical (streamed or not), and /metrics
   counts the drafts; a second catalog entry speculates with a draft model named by its catalog
   id (the default model: same tokenizer) and answers what the plain model answers;
+- sampled requests with top_k / top_p / min_p that copy the prompt (so prompt lookup drafts)
+  all succeed with speculation on;
 - the declared adapter is a model in /v1/models with the base as parent, and answers what
   peft's merged model generates, alone or sent together with a request to the base; adapters
   load and unload through vLLM's API; with two kept in memory, a third evicts the least
@@ -160,6 +162,36 @@ def test_a_draft_model_named_by_its_catalog_id(server: ServerProcess) -> None:
     )
     assert drafted > 0
     assert accepted > 0
+
+
+FILTERS = (
+    {"min_p": 0.9},
+    {"min_p": 0.5},
+    {"top_p": 0.5},
+    {"top_k": 5},
+    {"top_k": 20, "top_p": 0.9, "min_p": 0.2},
+    {"min_p": 0.3, "frequency_penalty": 0.5, "presence_penalty": 0.3},
+)
+
+
+def test_filtered_sampling_with_speculation_always_answers(server: ServerProcess) -> None:
+    """Four copies of each filter set at temperature 1 (24 requests, 4 at a time)."""
+    drafted = metric(server, "spec_decode_num_draft_tokens_total", method="ngram")
+    base = {"model": E2E_MODEL, "messages": [{"role": "user", "content": COPY}]}
+    bodies = [
+        {**base, "temperature": 1, "max_tokens": 48, "speculate": True, **filters}
+        for filters in FILTERS
+        for _ in range(4)
+    ]
+    url = f"{server.url}/v1/chat/completions"
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(
+            pool.map(lambda body: httpx.post(url, json=body, headers=auth(), timeout=120), bodies)
+        )
+    failed = [(b, r.status_code, r.text) for b, r in zip(bodies, responses, strict=True)
+              if r.status_code != 200]  # fmt: skip
+    assert not failed, failed
+    assert metric(server, "spec_decode_num_draft_tokens_total", method="ngram") > drafted
 
 
 def complete(server: ServerProcess, model: str, tenant: str = "ops") -> httpx.Response:

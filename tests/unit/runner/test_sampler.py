@@ -250,3 +250,41 @@ def test_native_draw_of_a_non_finite_row_is_its_argmax() -> None:
     )
     got = _native_draw(logits, torch.ones(4), torch.full((4,), 0.5, dtype=torch.float64))
     assert got.tolist() == [0, 1, 11, 19]
+
+
+FILTERS = {
+    "top_k": {"top_k": 3},
+    "top_p": {"top_p": 0.6},
+    "min_p": {"min_p": 0.3},
+    "combined": {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.1},
+    "penalties": {"repetition_penalty": 1.5, "frequency_penalty": 0.4, "presence_penalty": 0.3},
+    "min_tokens": {"min_tokens": 3, "stop_token_ids": [1], "min_p": 0.2},
+}
+
+
+@pytest.mark.parametrize("params", FILTERS.values(), ids=FILTERS.keys())
+def test_target_distributions_are_what_sample_draws_from(params: dict[str, object]) -> None:
+    """Speculative verification reads target_distributions: each row sums to 1, and 4,000 plain
+    draws fit it (chi-square, p = 0.001)."""
+    torch.manual_seed(0)
+    row = [1.0, 3.0, 2.0, 0.5, 0.0, -1.0, 2.5, 2.9]
+    req = _req(prompt=[1, 2], output=[6, 6], **{"temperature": 1.0, **params})
+    sampler = Sampler([EOS])
+    _, probs = sampler.target_distributions(_logits(row), [req])
+    assert probs is not None
+    assert float(probs.sum()) == pytest.approx(1.0, abs=1e-6)
+    n = 4000
+    tokens, _ = sampler.sample(_logits(*[row] * n), [req] * n)
+    counts = torch.bincount(torch.tensor(tokens), minlength=V).double()
+    expected = probs[0].double() * n
+    assert int(counts[expected == 0].sum()) == 0  # nothing outside the filters
+    kept = expected > 0
+    chi2 = float(((counts[kept] - expected[kept]) ** 2 / expected[kept]).sum())
+    assert chi2 < _chi_square_limit(int(kept.sum()) - 1), (chi2, counts, expected)
+
+
+def _chi_square_limit(df: int, z: float = 3.09) -> float:
+    """The chi-square quantile at p = 0.001 (Wilson-Hilferty); 10.8 for one degree of freedom."""
+    if df <= 1:
+        return 10.83
+    return float(df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3)

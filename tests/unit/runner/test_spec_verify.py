@@ -125,3 +125,76 @@ def test_seeded_verification_is_reproducible() -> None:
     first = verify(Sampler([EOS]), logits, [_req(seed=3)], [[1, 2, 3]])
     again = verify(Sampler([EOS]), logits, [_req(seed=3)], [[1, 2, 3]])
     assert first == again
+
+
+def _first_tokens(results: list[tuple[int, int]], drafts: list[list[int]]) -> list[int]:
+    """The first output token of each verified request."""
+    return [
+        draft[0] if accepted else token
+        for (accepted, token), draft in zip(results, drafts, strict=True)
+    ]
+
+
+def _assert_fits(tokens: list[int], target: torch.Tensor) -> None:
+    """The tokens fit the (V,) distribution: none outside its support, chi-square p = 0.001."""
+    n = len(tokens)
+    counts = torch.bincount(torch.tensor(tokens), minlength=target.numel()).double()
+    expected = target.double() * n
+    assert int(counts[expected == 0].sum()) == 0, counts
+    kept = expected > 0
+    chi2 = float(((counts[kept] - expected[kept]) ** 2 / expected[kept]).sum())
+    limits = {0: 0.0, 1: 10.83, 2: 13.82, 3: 16.27}  # chi-square critical values, p = 0.001
+    assert chi2 <= limits[int(kept.sum()) - 1], (chi2, counts, expected)
+
+
+def _min_p_target(row: list[float], min_p: float) -> torch.Tensor:
+    """softmax, tokens under min_p x the largest probability dropped, renormalised."""
+    probs = torch.softmax(torch.tensor(row), 0)
+    probs[probs < min_p * probs.max()] = 0.0
+    return probs / probs.sum()
+
+
+ROW = [0.0, 0.0, 3.0, 2.8, 1.0, 0.0, 0.0, 0.0]  # min_p 0.5 keeps 2 and 3, 0.9 keeps 2
+
+
+@pytest.mark.parametrize("draft", [2, 3, 4])
+def test_min_p_verification_draws_from_the_renormalised_target(draft: int) -> None:
+    """min_p leaves rows that sum below 1: acceptance and residual use them renormalised."""
+    torch.manual_seed(2)
+    n = 3000
+    reqs = [_req(f"r{i}", temperature=1.0, min_p=0.5) for i in range(n)]
+    results = verify(Sampler([EOS]), torch.tensor(ROW).repeat(2 * n, 1), reqs, [[draft]] * n)
+    _assert_fits(_first_tokens(results, [[draft]] * n), _min_p_target(ROW, 0.5))
+
+
+def test_a_draft_that_min_p_keeps_alone_is_always_accepted() -> None:
+    """min_p 0.9 keeps only token 2: its draft is accepted with probability 1 (no empty
+    residual to draw from), any other draft rejected for 2."""
+    n = 500
+    reqs = [_req(f"r{i}", temperature=1.0, min_p=0.9) for i in range(n)]
+    logits = torch.tensor(ROW).repeat(3 * n, 1)
+    assert verify(Sampler([EOS]), logits, reqs, [[2, 2]] * n) == [(2, 2)] * n
+    assert verify(Sampler([EOS]), logits, reqs, [[3, 2]] * n) == [(0, 2)] * n
+
+
+def test_a_draft_outside_the_vocabulary_is_rejected() -> None:
+    results = verify(Sampler([EOS]), torch.tensor(ROW).repeat(2, 1), [_req(min_p=0.9)], [[99]])
+    assert results == [(0, 2)]
+
+
+@pytest.mark.parametrize("bad_row", [float("nan"), float("-inf")])
+def test_a_row_that_cannot_be_drawn_from_falls_back_to_plain_sampling(bad_row: float) -> None:
+    """A NaN or all -inf bonus row: the request samples its first row plainly (0 accepted)
+    instead of failing the step; its batch mate is verified as usual."""
+    torch.manual_seed(3)
+    n = 2000
+    good = [0.0, 0.0, 6.0, 5.5, 4.0, 0.0, 0.0, 0.0]
+    logits = torch.tensor(good).repeat(4 * n, 1)
+    logits[1::4] = bad_row  # each "bad" request's bonus row; rows 2-3: its mate's
+    reqs = [_req(f"{kind}{i}", min_p=0.1) for i in range(n) for kind in ("bad", "ok")]
+    results = verify(Sampler([EOS]), logits, reqs, [[2]] * (2 * n))
+    bad, ok = results[0::2], results[1::2]
+    assert {accepted for accepted, _ in bad} == {0}
+    _assert_fits([token for _, token in bad], _min_p_target(good, 0.1))
+    assert {accepted for accepted, _ in ok} == {0, 1}
+    _assert_fits(_first_tokens(ok, [[2]] * n), _min_p_target(good, 0.1))

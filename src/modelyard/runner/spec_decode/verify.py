@@ -13,9 +13,17 @@ d_{p+1} and the standard rule (Leviathan et al. 2023; Chen et al. 2023) becomes,
   with d_{p+1} removed and renormalized (the residual max(P - Q, 0) for a point mass Q); if all
   j are accepted, draw the bonus from P_j. Each output token is then distributed as P.
 
-P is the distribution the sampler would draw from (penalties, min_tokens, temperature, top-k,
-top-p, min-p applied with the drafts before row p counted as output). Seeded requests draw
-from their own generator.
+P is exactly the distribution plain sampling draws from (`Sampler.target_distributions` goes
+through the sampler's own steps: min_tokens, penalties, temperature, top-k, top-p, min-p,
+renormalised), with the drafts before row p counted as output. Seeded requests draw from their
+own generator.
+
+A request never fails because it speculated:
+- a draft token outside the vocabulary has probability 0 (rejected);
+- an empty residual means P_p is the point mass on the draft (rejection has probability 0, the
+  uniform passed P_p(d) only by rounding): the draft is accepted;
+- a sampled request with a row that cannot be drawn from (NaN, or summing to 0) falls back to
+  plain decoding for the step: its first row is sampled by `Sampler.sample`, no draft accepted.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from modelyard.engine.scheduler_output import ScheduledRequest
-from modelyard.runner.sampler import Sampler
+from modelyard.runner.sampler import Sampler, draw_one
 
 
 def verify(
@@ -41,15 +49,22 @@ def verify(
             for p in range(len(draft) + 1)]  # fmt: skip
     targets, probs = sampler.target_distributions(logits, rows)
     target_ids = targets.tolist()
+    usable = _usable_rows(probs)
     out: list[tuple[int, int]] = []
+    fallback: list[int] = []  # requests sampled plainly from their first row
     first = 0
-    for req, draft in zip(requests, drafts, strict=True):
+    for i, (req, draft) in enumerate(zip(requests, drafts, strict=True)):
+        span = slice(first, first + len(draft) + 1)
         if req.sampling_params.greedy or probs is None:
-            out.append(_accept_greedy(draft, target_ids[first : first + len(draft) + 1]))
+            out.append(_accept_greedy(draft, target_ids[span]))
+        elif all(usable[span]):
+            out.append(_accept_sampled(draft, probs[span], sampler.generator(req)))
         else:
-            span = probs[first : first + len(draft) + 1]
-            out.append(_accept_sampled(draft, span, sampler.generator(req)))
-        first += len(draft) + 1
+            out.append((0, -1))  # filled below
+            fallback.append(i)
+        first = span.stop
+    if fallback:
+        _sample_first_rows(sampler, logits, requests, drafts, fallback, out)
     return out
 
 
@@ -62,6 +77,13 @@ def _row(request: ScheduledRequest, draft: Sequence[int], position: int) -> Sche
     return dataclasses.replace(request, output_token_ids=output)
 
 
+def _usable_rows(probs: torch.Tensor | None) -> list[bool]:
+    """Per row of probs (N, V): whether a token can be drawn from it (finite, positive sum)."""
+    if probs is None:
+        return []
+    return [bool(ok) for ok in (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0))]
+
+
 def _accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> tuple[int, int]:
     for p, token in enumerate(draft):
         if targets[p] != token:
@@ -72,13 +94,36 @@ def _accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> tuple[int, i
 def _accept_sampled(
     draft: Sequence[int], probs: torch.Tensor, generator: torch.Generator | None
 ) -> tuple[int, int]:
-    """probs (len(draft) + 1, V): the target's distribution at each row."""
+    """probs (len(draft) + 1, V): the target's distribution at each row (usable rows)."""
+    vocab = probs.shape[1]
     for p, token in enumerate(draft):
+        inside = 0 <= token < vocab
         u = float(torch.rand((), generator=generator))
-        if u < float(probs[p, token]):
+        if inside and u < float(probs[p, token]):
             continue
         residual = probs[p].clone()
-        residual[token] = 0.0
-        return p, int(torch.multinomial(residual, 1, generator=generator)[0])
-    bonus = torch.multinomial(probs[len(draft)], 1, generator=generator)
-    return len(draft), int(bonus[0])
+        if inside:
+            residual[token] = 0.0
+        if float(residual.sum()) <= 0.0:  # P_p is the point mass on the draft
+            continue
+        return p, draw_one(residual, generator)
+    return len(draft), draw_one(probs[len(draft)], generator)
+
+
+def _sample_first_rows(
+    sampler: Sampler,
+    logits: torch.Tensor,
+    requests: Sequence[ScheduledRequest],
+    drafts: Sequence[Sequence[int]],
+    fallback: list[int],
+    out: list[tuple[int, int]],
+) -> None:
+    """Plain decoding for the `fallback` requests: their first row sampled, no draft accepted
+    (written into `out`)."""
+    starts = [0]
+    for draft in drafts:
+        starts.append(starts[-1] + len(draft) + 1)
+    first_rows = torch.tensor([starts[i] for i in fallback], dtype=torch.long)
+    tokens, _ = sampler.sample(logits[first_rows], [requests[i] for i in fallback])
+    for i, token in zip(fallback, tokens, strict=True):
+        out[i] = (0, token)
