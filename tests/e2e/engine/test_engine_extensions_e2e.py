@@ -12,7 +12,9 @@ model and declares a LoRA adapter made here with `peft`.
   load and unload through vLLM's API; with two kept in memory, a third evicts the least
   recently used (read again from disk when it comes back);
 - a route's tenant override gives the tenant "bank" the finance adapter as its default model,
-  and only an admin key may load or unload adapters.
+  and only an admin key may load or unload adapters;
+- every malformed adapter (lora_helpers.malformed_adapters) is a 400 naming what is wrong, on
+  one keep-alive connection that goes on to load and serve a good adapter.
 """
 
 from __future__ import annotations

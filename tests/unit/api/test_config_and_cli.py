@@ -90,3 +90,15 @@ def test_run_reports_invalid_config(tmp_path: Path, capsys: pytest.CaptureFixtur
     path.write_text("server: {port: -1}\n")
     assert cli.run(_args("--config", str(path))) == 2
     assert "server.port" in capsys.readouterr().err
+
+
+def test_lora_root_from_the_file_and_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("server: {lora_root: /srv/adapters}\n")
+    assert load_config(path).server.lora_root == "/srv/adapters"
+    assert load_config(None).server.lora_root is None  # any folder
+    config = cli.config_from_args(_args("--config", str(path), "--lora-root", "/srv/other"))
+    assert config.server.lora_root == "/srv/other"
+    path.write_text("server: {lora_root: ''}\n")
+    with pytest.raises(ValueError, match=r"server\.lora_root"):
+        load_config(path)
