@@ -2,16 +2,25 @@
 made with `peft` (non-zero B, several ranks and target sets, alpha_pattern, rsLoRA): greedy
 tokens equal peft's merged model; a batch mixing four adapters and the base gives each request
 its tokens alone; more adapters than slots wait their turn; the prefix cache never shares KV
-between adapters; adapters that do not fit fail their request."""
+between adapters; adapters that do not fit, or are malformed in any way, fail their request
+alone."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from acceptance_helpers import BLOCK_SIZE, random_corpus, tiny_model
 
-from lora_helpers import MergedReference, lora_request, make_adapter
+from lora_helpers import (
+    MALFORMED,
+    MergedReference,
+    lora_request,
+    make_adapter,
+    malformed_adapters,
+    tiny_llama,
+)
 from modelyard.engine.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig
 from modelyard.engine.core import EngineCore
 from modelyard.engine.messages import EngineRequest, LoRARequest
@@ -195,3 +204,25 @@ def test_an_adapter_that_does_not_fit_fails_its_request(
     with pytest.raises(ValueError, match="adapter_config"):
         runner.check_lora(lora_request("missing", tmp_path / "nothing", 100))
     assert not engine.has_unfinished_requests()
+
+
+def test_a_malformed_adapter_fails_only_its_request(
+    runner: ModelRunner, base: Path, adapters: dict[str, Path], tmp_path: Path, corpus: list[int]
+) -> None:
+    """Each malformed adapter is refused with its request, nothing of it kept; the same engine
+    then serves a good adapter."""
+    other_base = tiny_llama(tmp_path / "other-base", hidden=48)
+    cases = malformed_adapters(base, adapters["attn-r4"], tmp_path, other_base=other_base)
+    engine = core(runner)
+    for i, case in enumerate(MALFORMED, start=200):
+        folder, words = cases[case]
+        lora = lora_request(case, folder, i)
+        request = EngineRequest(
+            request_id=case, prompt_token_ids=corpus[:5], sampling_params=GREEDY, lora=lora
+        )
+        with pytest.raises(ValueError, match=re.escape(words)):
+            engine.add_request(request)
+    assert not engine.has_unfinished_requests()
+    good = lora_request("attn-r4", adapters["attn-r4"], 1)
+    tokens = run(engine, requests({"good": corpus[:5]}, {"good": good}))["good"]
+    assert len(tokens) == MAX_TOKENS
