@@ -16,7 +16,8 @@ from safetensors.torch import save_file
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.messages import LoRARequest
 from modelyard.runner import kernels
-from modelyard.runner.lora import BaseShapes, LoRAManager
+from modelyard.runner.lora import LoRAManager
+from modelyard.runner.lora_adapter import BaseShapes
 
 pytestmark = pytest.mark.unit
 
