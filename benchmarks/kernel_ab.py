@@ -51,7 +51,8 @@ from typing import Any
 
 import torch
 
-from modelyard.runner import kernels
+from modelyard.runner import kernel_build
+from modelyard.runner.kernel_config import kernel_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -97,7 +98,8 @@ def build(tag: str, rev: str | None, root: Path) -> Any:
     cpp_extension.load(
         name=f"ab_{tag}",
         sources=[str(p) for p in sorted(out.glob("*.cpp"))],
-        extra_cflags=kernels._flags(),  # the runner's flags for the kind (MODELYARD_ISA)
+        # the runner's flags for the kind (MODELYARD_ISA)
+        extra_cflags=kernel_build.kind_flags(kernel_config().isa),
         extra_ldflags=["-fopenmp"],
         build_directory=str(out / "build"),
         is_python_module=False,

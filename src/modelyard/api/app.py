@@ -15,7 +15,8 @@ app = build_app(provider, config, router=None, startup=manager.start)
   stops every worker.
 
 `app.state` holds `provider`, `router`, `request_path`, `config`, `ready`, `startup_error`,
-`started_at`, `vllm`, `prefixes` (the pinned prefixes' directory, api/routes/prefixes.py).
+`started_at`, `vllm`, `prefixes` (the pinned prefixes' directory, api/routes/prefixes.py),
+`kernels` (the runner's kernels as `startup` found them, a KernelState; None until then).
 Every route depends on `admit_request` (one request and one concurrency slot for routes that
 run no model; model routes are admitted by the request path after routing).
 """
@@ -110,6 +111,7 @@ def build_app(
     app.state.config = config
     app.state.ready = startup is None
     app.state.startup_error = None
+    app.state.kernels = None  # set by `modelyard serve`'s startup (observability/kernels.py)
     app.state.started_at = time.time()
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
     app.state.prefixes = prefixes.PrefixDirectory()

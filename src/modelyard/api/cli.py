@@ -36,11 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="load the catalog's preload models at start (default: yes)",
     )
-    parser.add_argument(
-        "--lora-root",
-        default=None,
-        help="POST /v1/load_lora_adapter accepts only adapter folders under this one",
-    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
     parser.add_argument(
         "--ray",
@@ -65,8 +60,6 @@ def config_from_args(args: argparse.Namespace) -> ModelyardConfig:
         server = dataclasses.replace(server, host=args.host)
     if args.port is not None:
         server = dataclasses.replace(server, port=args.port)
-    if args.lora_root is not None:
-        server = dataclasses.replace(server, lora_root=args.lora_root)
     overrides = {
         "dtype": args.dtype,
         "max_num_seqs": args.max_num_seqs,
@@ -122,6 +115,7 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
 
     from modelyard.api.app import build_app
     from modelyard.manager.manager import Manager
+    from modelyard.observability.kernels import check_kernels, record_kernels
 
     console = Console(stderr=True, soft_wrap=True)
     from modelyard.observability.logging import configure_logging
@@ -131,11 +125,15 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
     manager = Manager(catalog, config.manager)
     wanted = [spec.id for spec in catalog if spec.preload or spec.pin]
 
+    async def check() -> None:  # the kernels the workers will load (/ready, /metrics)
+        app.state.kernels = await check_kernels()
+        record_kernels(app.state.kernels)
+
     async def startup() -> None:
         started = time.monotonic()
         label = ", ".join(wanted) or "nothing to preload"
         with console.status(f"[bold]loading models:[/] {label}", spinner="dots"):
-            await manager.start()
+            await asyncio.gather(check(), manager.start())
         console.print(
             f"[green]ready[/] in {time.monotonic() - started:.1f} s "
             f"(models: {', '.join(wanted) or 'loaded on first request'})"

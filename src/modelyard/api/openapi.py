@@ -64,7 +64,18 @@ _KSERVE_ERROR = {
 _STATUS_BODY = {  # /ready
     "type": "object",
     "required": ["status"],
-    "properties": {"status": {"type": "string"}, "error": {"type": "string"}},
+    "properties": {
+        "status": {"type": "string"},
+        "error": {"type": "string"},
+        "kernels": {  # the runner's native kernels (runner.kernel_config.KernelState)
+            "type": ["object", "null"],
+            "properties": {
+                "kind": {"type": "string"},
+                "source": {"type": "string"},
+                "error": {"type": ["string", "null"]},
+            },
+        },
+    },
 }
 _READY_BODY = {  # /v2/health/ready
     "type": "object",

@@ -218,3 +218,11 @@ TENANT_INPUT_BYTES = Counter(
     "Request body bytes of served requests per tenant.",
     ["tenant", "model"],
 )
+
+# ------------------------------------------------------------------ the runner's kernels
+KERNELS_INFO = Gauge(
+    P + "kernels_info",
+    'The native kernels\' instruction-set kind in use (1 on one series; kind="none": the slower '
+    "pure-torch path).",
+    ["kind"],
+)

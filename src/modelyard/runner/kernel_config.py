@@ -9,7 +9,13 @@ Host kinds, best first (each includes the ones after it):
 
 `MODELYARD_ISA` caps the kind the kernels are built and dispatched for, so one host tests its
 lower paths (an AMX host runs the `avx512-bf16` and `avx2` kernels). A cap above the host's kind
-is ignored. The other switches:
+is ignored. Where the kernels come from (runner.kernel_build):
+- `MODELYARD_PREBUILT_KERNELS=DIR`: load the library of the best kind this CPU runs from DIR,
+  built ahead for every kind (`python -m modelyard.runner.kernels --prebuild DIR`, as the image
+  does); nothing is compiled or written at start;
+- otherwise they are built on this host into `MODELYARD_KERNEL_DIR` (default
+  `~/.cache/modelyard/kernels`) on first use.
+The other switches:
 - `MODELYARD_NATIVE_KERNELS=0`: no compiled kernels at all (the pure-torch path);
 - `MODELYARD_PACKED_LINEAR=0`: linear layers on `F.linear` (for comparisons);
 - `MODELYARD_DECODE_TEAM=0`: decode steps without the spinning helper thread (csrc/claim.h);
@@ -40,6 +46,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import msgspec
 
 HostKind = Literal["amx", "avx512-bf16", "avx512", "avx2", "generic"]
 Bf16Gemm = Literal["auto", "always", "onednn"]
@@ -74,6 +82,15 @@ BUILD_FLAGS: dict[HostKind, list[str]] = {
     "avx512": ["-march=native", *_NO_AMX, "-mno-avx512bf16"],
     "avx2": ["-march=haswell", "-mtune=native"],
     "generic": ["-march=x86-64", "-mtune=native"],
+}
+# the same kinds for any CPU that has them (built ahead on another machine: no `native`); the
+# kernels' code branches on AVX2/FMA, AVX-512 F/BW/VL/BF16 and AMX tile/bf16 only
+PORTABLE_FLAGS: dict[HostKind, list[str]] = {
+    "amx": ["-march=sapphirerapids"],
+    "avx512-bf16": ["-march=skylake-avx512", "-mavx512bf16"],
+    "avx512": ["-march=skylake-avx512"],
+    "avx2": ["-march=haswell"],
+    "generic": ["-march=x86-64"],
 }
 
 
@@ -121,6 +138,8 @@ class KernelConfig:
     kv_tiles: bool = True  # bf16 KV caches in the tile layout where AMX attention reads it
     bf16_gemm: Bf16Gemm = "auto"  # when the runner's own bf16 GEMM replaces oneDNN
     weights: Weights = ""  # "int8" / "gguf": quantized linear layers
+    prebuilt_dir: str = ""  # load a library built ahead from here ("": build on this host)
+    kernel_dir: str = ""  # where this host's builds go ("": ~/.cache/modelyard/kernels)
 
     def has(self, kind: HostKind) -> bool:
         """True when the selected kind includes `kind`'s instructions."""
@@ -157,7 +176,18 @@ class KernelConfig:
             kv_tiles=kv_tiles == "1",
             bf16_gemm=gemm,  # type: ignore[arg-type]
             weights=weights,  # type: ignore[arg-type]
+            prebuilt_dir=env.get("MODELYARD_PREBUILT_KERNELS", ""),
+            kernel_dir=env.get("MODELYARD_KERNEL_DIR", ""),
         )
+
+
+class KernelState(msgspec.Struct, frozen=True, kw_only=True):
+    """Which kernels a process loaded (runner.kernel_build), as the API process reports it."""
+
+    kind: HostKind | Literal["none"]  # the kind loaded; "none": the pure-torch path is in use
+    # a prebuilt folder, a build on this host, switched off, or unknown (the check failed)
+    source: Literal["prebuilt", "built", "off", "unknown"]
+    error: str | None = None  # why none loaded (None when loaded or switched off)
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""Native CPU kernels of the runner, compiled once per machine and cached.
+"""Native CPU kernels of the runner, loaded once per process (runner.kernel_build: built on
+this host and cached, or prebuilt for every instruction-set kind).
 
 csrc/: `paged_decode.cpp` attention from the paged KV cache (bf16 paths: `decode_dp.cpp`,
 `decode_tiles.cpp`); `rms_norm.cpp` / `fused_ops.cpp` a decoder layer's element-wise steps in
@@ -6,38 +7,27 @@ one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU); `gemm*.cpp` 
 layers on weights packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA
 adapters' deltas (runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows
 (runner.sampler); `claim.h` splits work across threads; `rows.h` the scans of argmax and the draw.
-torch's extension builder (g++, ninja) builds them into `MODELYARD_KERNEL_DIR` (default
-`~/.cache/modelyard/kernels`) under a name hashing sources, their folder, torch and CPU flags,
-one builder at a time (runner.build_lock); `scripts/setup` builds ahead. A failed build or
-`MODELYARD_NATIVE_KERNELS=0`: `load()` is False, and the pure-torch path computes the same."""
+When none load (an error, logged) or `MODELYARD_NATIVE_KERNELS=0`: `load()` is False, and the
+pure-torch path computes the same. `python -m modelyard.runner.kernels` builds this host's
+kernels; `--prebuild DIR` every kind's into DIR; `--report` prints the `KernelState` as JSON."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
-import hashlib
 import logging
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
+import msgspec
 import torch
 
-from modelyard.runner.build_lock import exclusive_build
-from modelyard.runner.kernel_config import BUILD_FLAGS, cpu_flags, kernel_config
+from modelyard.runner.kernel_build import load_kernels, prebuild
+from modelyard.runner.kernel_config import KINDS, KernelState, cpu_flags, kernel_config
 
 log = logging.getLogger(__name__)
-
-_CSRC = Path(__file__).with_name("csrc")
-_SOURCES = tuple(sorted(_CSRC.glob("*.cpp")))  # bindings.cpp registers every op (ops.h)
-_HEADERS = tuple(sorted(_CSRC.glob("*.h")))
-
-
-def _flags() -> list[str]:
-    """Compiler flags for the selected instruction-set kind (kernel_config: MODELYARD_ISA)."""
-    return ["-O3", *BUILD_FLAGS[kernel_config().isa], "-fopenmp", "-ffp-contract=fast"]
 
 
 def cpu_has(flag: str) -> bool:
@@ -45,60 +35,15 @@ def cpu_has(flag: str) -> bool:
     return flag in cpu_flags()
 
 
-def _build_name() -> str:
-    # the sources' folder too: torch's build files name sources by path (one build per checkout)
-    digest = hashlib.sha256()
-    texts = [f.read_text() for f in (*_SOURCES, *_HEADERS)]
-    folder = str(_SOURCES[0].parent.resolve())
-    flags = " ".join(sorted(cpu_flags()))
-    for part in (*texts, folder, torch.__version__, " ".join(_flags()), flags):
-        digest.update(part.encode())
-    return f"modelyard_kernels_{kernel_config().isa}_{digest.hexdigest()[:12]}"
-
-
-def _build_dir(name: str) -> Path:
-    root = os.environ.get("MODELYARD_KERNEL_DIR") or Path.home() / ".cache/modelyard/kernels"
-    path = Path(root) / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _ninja_on_path() -> None:
-    """torch's builder runs `ninja` from PATH; the `ninja` package's copy lives in the venv's
-    bin folder, which is not on PATH when the venv's python is run directly."""
-    if shutil.which("ninja"):
-        return
-    with contextlib.suppress(ImportError):
-        import ninja
-
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
 @functools.cache
-def load() -> bool:
-    """Build (first time) and register the kernels; False when unavailable or switched off."""
-    if not kernel_config().native_kernels:
-        return False
-    from torch.utils import cpp_extension
+def state() -> KernelState:
+    """The kernels this process loaded (loading them on first call)."""
+    return load_kernels(kernel_config())
 
-    name = _build_name()
-    _ninja_on_path()
-    build_dir = _build_dir(name)
-    try:
-        with exclusive_build(build_dir):
-            cpp_extension.load(
-                name=name,
-                sources=[str(f) for f in _SOURCES],
-                extra_cflags=_flags(),
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(build_dir),
-                is_python_module=False,
-                verbose=False,
-            )
-    except Exception as exc:  # a missing compiler or ninja: fall back, loudly
-        log.warning("native kernels unavailable, using the torch path: %s", exc)
-        return False
-    return True
+
+def load() -> bool:
+    """True when the kernels are loaded (loading them on first call)."""
+    return state().kind != "none"
 
 
 def paged_decode_attention(
@@ -394,7 +339,28 @@ def packed_swiglu(x: torch.Tensor, packed: torch.Tensor, width: int) -> torch.Te
     return out
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Build this host's kernels (default), every kind's into a folder, or report the state."""
+    parser = argparse.ArgumentParser(prog="python -m modelyard.runner.kernels")
+    parser.add_argument("--prebuild", type=Path, help="build every kind into this folder")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="with --prebuild (comma list)")
+    parser.add_argument("--report", action="store_true", help="print the KernelState as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.report else logging.INFO)
+    if args.prebuild is not None:
+        wanted = set(args.kinds.split(","))
+        if not wanted <= set(KINDS):
+            parser.error(f"--kinds: one or more of {', '.join(KINDS)}, not {args.kinds!r}")
+        for path in prebuild(args.prebuild, [kind for kind in KINDS if kind in wanted]):
+            print(path)
+        return 0
+    loaded = state()
+    if args.report:
+        print(msgspec.json.encode(loaded).decode())
+        return 0
+    print(f"modelyard kernels for {kernel_config().isa}: {loaded.kind} ({loaded.source})")
+    return 0  # a failed build was logged; the torch path still serves (scripts/setup goes on)
+
+
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    state = "ready" if load() else "unavailable (torch path in use)"
-    print(f"modelyard kernels for {kernel_config().isa}:", state)
+    raise SystemExit(main())

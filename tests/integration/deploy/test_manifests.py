@@ -7,31 +7,15 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from k8s_render import OVERLAYS, ROOT, render
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[3]
-K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.32.0"
-OVERLAYS = ["base", "overlays/hpa-cpu", "overlays/hpa-custom-metric", "overlays/ray"]
-
-
-def render(path: str) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed (scripts/setup installs it)")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(K8S / path)], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -118,6 +102,9 @@ def test_dockerfile_installs_what_setup_installs_and_runs_the_cli() -> None:
     setup = (ROOT / "scripts" / "setup").read_text()
     assert _setup_steps(dockerfile) == _setup_steps(setup)
     assert "python -m modelyard.runner.kernels" in dockerfile
+    # every kind built ahead, loaded read-only by the non-root user (runner.kernel_build)
+    assert "python -m modelyard.runner.kernels --prebuild /opt/modelyard/kernels" in dockerfile
+    assert "MODELYARD_PREBUILT_KERNELS=/opt/modelyard/kernels" in dockerfile.rsplit("\nFROM ", 1)[1]
     assert "modelyard.runner.kernels" in setup
     assert re.search(r"^USER 10001$", dockerfile, re.M)  # non-root
     assert dockerfile.count("\nFROM ") + dockerfile.startswith("FROM ") >= 2  # multi-stage

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.runner import kernels
+from modelyard.runner import kernel_build
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 def _copy_sources(root: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
     csrc = root / "csrc"
     csrc.mkdir(parents=True)
-    for f in (*kernels._SOURCES, *kernels._HEADERS):
+    for f in (*kernel_build.SOURCES, *kernel_build.HEADERS):
         shutil.copy(f, csrc / f.name)
     return tuple(sorted(csrc.glob("*.cpp"))), tuple(sorted(csrc.glob("*.h")))
 
@@ -25,11 +25,11 @@ def _copy_sources(root: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
 def test_another_checkout_gets_its_own_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    here = kernels._build_name()
-    assert kernels._build_name() == here  # stable for one checkout
+    here = kernel_build.built_name("avx2")
+    assert kernel_build.built_name("avx2") == here  # stable for one checkout
     sources, headers = _copy_sources(tmp_path / "other")
-    monkeypatch.setattr(kernels, "_SOURCES", sources)
-    monkeypatch.setattr(kernels, "_HEADERS", headers)
-    other = kernels._build_name()
+    monkeypatch.setattr(kernel_build, "SOURCES", sources)
+    monkeypatch.setattr(kernel_build, "HEADERS", headers)
+    other = kernel_build.built_name("avx2")
     assert other != here
     assert other.rsplit("_", 1)[0] == here.rsplit("_", 1)[0]  # same kind prefix

@@ -2,7 +2,10 @@
 
 - `GET /health`: 200 `{"status": "ok"}` whenever the process serves HTTP.
 - `GET /ready`: 503 `{"status": "loading"}` (Retry-After) until the preloaded models are ready,
-  then 200 `{"status": "ready"}`; 503 `{"status": "failed", "error"}` if startup failed.
+  then 200 `{"status": "ready"}`; 503 `{"status": "failed", "error"}` if startup failed. Each
+  answer carries `kernels`: the runner's native kernels as the startup check found them
+  (`{"kind", "source", "error"}`, observability/kernels.py; null until checked). Kind "none"
+  with an error does not fail readiness (the models serve, slower), but says why.
 - `GET /debug/engine_stats?model=<name>`: the model's latest SchedulerStats (running, waiting,
   free KV blocks, aborted requests...) of a loaded model, never loading one; admin scope (anyone
   when auth is off); disabled by `server.debug_endpoints: false`. Tests use it to see that
@@ -31,12 +34,14 @@ async def health() -> dict[str, str]:
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     state = request.app.state
+    kernels = None if state.kernels is None else msgspec.to_builtins(state.kernels)
     if state.ready:
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", "kernels": kernels})
     if state.startup_error is not None:
-        body = {"status": "failed", "error": state.startup_error}
+        body = {"status": "failed", "error": state.startup_error, "kernels": kernels}
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
-    return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
+    body = {"status": "loading", "kernels": kernels}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 
 
 @router.get("/debug/engine_stats", dependencies=[Depends(require_admin)])
