@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="load the catalog's preload models at start (default: yes)",
     )
+    parser.add_argument(
+        "--lora-root",
+        default=None,
+        help="POST /v1/load_lora_adapter accepts only adapter folders under this one",
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level")
     parser.add_argument(
         "--ray",
@@ -60,6 +65,8 @@ def config_from_args(args: argparse.Namespace) -> ModelyardConfig:
         server = dataclasses.replace(server, host=args.host)
     if args.port is not None:
         server = dataclasses.replace(server, port=args.port)
+    if args.lora_root is not None:
+        server = dataclasses.replace(server, lora_root=args.lora_root)
     overrides = {
         "dtype": args.dtype,
         "max_num_seqs": args.max_num_seqs,
