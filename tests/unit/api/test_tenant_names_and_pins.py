@@ -15,9 +15,13 @@ from api_fakes import make_client
 from path_fakes import CatalogProvider, MemoryKeys, path_app
 from test_prefixes_api import PinLLM
 
+from modelyard.api.app import build_app
+from modelyard.config import ModelyardConfig
 from modelyard.engine.messages import LoRARequest
 from modelyard.engine.protocol import RequestOutput
 from modelyard.engine.sampling_params import SamplingParams
+from modelyard.gateway.config import GatewayConfig
+from modelyard.gateway.gateway import build_gateway
 from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit
@@ -102,6 +106,27 @@ async def test_an_alias_on_the_list_allows_every_name_and_the_textbook_routes(en
     by_id = env.keys.bearer("acme", models=(CHAT,))  # the reverse direction
     alias = await env.client.post("/v1/chat/completions", json=_chat("smollm2"), headers=by_id)
     assert alias.status_code == 200, alias.text
+
+
+async def test_generate_vllm_asks_the_allow_list_for_the_textbook_model() -> None:
+    class EchoVLLM:
+        async def generate(self, prompts: list[str], params: object) -> list[str]:
+            return list(prompts)
+
+    provider, keys = CatalogProvider(SPECS), MemoryKeys()
+    config = ModelyardConfig(gateway=GatewayConfig.from_dict({}))
+    parts = build_gateway(config.gateway, key_store=keys, auth=True)
+    app = build_app(provider, config, gateway=parts, vllm=EchoVLLM())  # type: ignore[arg-type]
+    body = {"prompts": ["Hi"], "max_tokens": 2}
+    async with make_client(app) as client:
+        for models in (("smollm2",), (CHAT,)):
+            allowed = keys.bearer("acme", models=models)
+            response = await client.post("/generate_vllm", json=body, headers=allowed)
+            assert response.status_code == 200, (models, response.text)
+        other = keys.bearer("acme", models=("other",))
+        refused = await client.post("/generate_vllm", json=body, headers=other)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "model_not_allowed"
 
 
 async def test_a_tenant_pins_at_most_its_share_and_ttl(env: Env) -> None:

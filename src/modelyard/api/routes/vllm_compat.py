@@ -3,6 +3,9 @@
 Served by vLLM only when the `vllm` package is importable in this environment and the config
 enables it (`server.textbook.vllm_enabled: true` and `server.textbook.vllm_model: <HF folder>`).
 Otherwise it answers 503 with how to enable it. vLLM is never a dependency of modelyard.
+
+It serves the textbook's model on another engine, so the caller's allow-list must allow the
+textbook's default model (`server.textbook.model`, by any of its names), as for /generate.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from modelyard.api.protocol import GenerateRequest
 from modelyard.api.routes.textbook import textbook_params
 from modelyard.config import TextbookConfig
 from modelyard.engine.sampling_params import SamplingParams
+from modelyard.gateway.request_path import RequestPath, ticket_of
 
 router = APIRouter()
 
@@ -76,6 +80,8 @@ async def generate_vllm(body: GenerateRequest, request: Request) -> dict[str, li
     if backend is None:
         raise APIError(503, HOW_TO_ENABLE, code="vllm_not_enabled")
     server = request.app.state.config.server
+    path: RequestPath = request.app.state.request_path
+    path.authorize(ticket_of(request), server.textbook.model)
     params = textbook_params(body, server.textbook)
     check_generation_limits(len(body.prompts), params, 0, server)  # max_tokens is always set
     return {"generated_texts": await backend.generate(list(body.prompts), params)}
