@@ -7,10 +7,11 @@ target, the latest run, the median and range over all runs, how many runs meet i
 the median does. Runs that played a lower kind (`--emulate`), served other weights (`--weights`)
 or ran with a runner switch set (`MODELYARD_*`) are left out: the targets are for the defaults.
 
-The targets (docs/benchmarks.md): through HTTP at c=32, output tok/s >= 1.3x vLLM's in bf16 and
-float32; at c=1, ITL p50 <= 0.75x vLLM's and <= llama.cpp's (bf16 GGUF); HTTP >= 0.95x the
-in-process engine at c=32; bf16 share of the adjacent matmul ceiling >= 40 % on `avx512-bf16`
-hosts and >= 25 % on `amx` hosts; peak RSS of the process tree <= vLLM's.
+The targets: through HTTP at c=32, output tok/s >= 1.3x vLLM's in bf16 and float32; at c=1,
+ITL p50 <= 0.75x vLLM's and <= llama.cpp's (bf16 GGUF); HTTP >= 0.95x the in-process engine at
+c=32; bf16 share of the adjacent matmul ceiling >= 40 % on `avx512-bf16` hosts and >= 25 % on
+`amx` hosts; peak RSS of the process tree <= vLLM's. `report_page.py` writes these verdicts,
+per host, into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -125,19 +126,26 @@ def host_of(machine: dict[str, Any]) -> str:
     return f"{machine.get('host_kind') or '?'}: " + ", ".join(map(str, parts))
 
 
-def read_results(paths: list[Path], since: str = "") -> dict[str, list[Value]]:
-    """Every default run's values under paths, by host; with `since`, the runs whose recorded
-    time (ISO 8601) is not earlier."""
+def default_runs(paths: list[Path], since: str = "") -> Iterator[tuple[Path, str, dict[str, Any]]]:
+    """(path, reader name, data) of every result file under paths that a reader knows and that
+    ran the defaults; with `since`, the runs whose recorded time (ISO 8601) is not earlier."""
     files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*.json")))]
-    hosts: dict[str, list[Value]] = {}
     for path in files:
         kind = _reader(path)
         if kind is None:
             continue
         data = json.loads(path.read_text())
         machine = data.get("machine", {})
-        if not _default_run(data) or (machine.get("time") or "") < since:
-            continue
+        if _default_run(data) and (machine.get("time") or "") >= since:
+            yield path, kind, data
+
+
+def read_results(paths: list[Path], since: str = "") -> dict[str, list[Value]]:
+    """Every default run's values under paths, by host; with `since`, the runs whose recorded
+    time (ISO 8601) is not earlier."""
+    hosts: dict[str, list[Value]] = {}
+    for path, kind, data in default_runs(paths, since):
+        machine = data.get("machine", {})
         commit = machine.get("modelyard_commit") or "?"
         stamp = (machine.get("time") or "", commit, os.path.relpath(path))
         try:
