@@ -30,6 +30,19 @@ def test_the_committed_page_is_what_the_committed_results_give() -> None:
     )
 
 
+def test_the_readme_table_is_what_the_committed_results_give() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = report_page.headline_table(ROOT / "benchmarks" / "results")
+    assert report_page.README_MARK + "\n" + table + "\n\n" in readme
+    assert report_page.with_headline_table(readme, table) == readme
+
+
+def test_the_readme_table_is_replaced_up_to_the_blank_line() -> None:
+    readme = f"intro\n\n{report_page.README_MARK}\n| old |\n| old |\n\nafter\n"
+    new = report_page.with_headline_table(readme, "| new |")
+    assert new == f"intro\n\n{report_page.README_MARK}\n| new |\n\nafter\n"
+
+
 def test_the_page_and_the_readme_stay_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
     assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 300
