@@ -98,7 +98,8 @@ host, the command and every figure):
 
 TAIL = """\
 The `kernel_ab*.json` files beside each host's results time the alternatives behind the
-runner's kernel choices (one against the other, in alternating rounds).
+runner's kernel choices (one against the other, in alternating rounds); what each choice rests
+on is in [figures_behind_choices.md]({prefix}figures_behind_choices.md).
 """
 
 
@@ -115,4 +116,4 @@ def section(results: Path, link_prefix: str) -> str:
         lead = f"**{title}** (`{script}`)"
         item = f"- {lead}: {text} ([{name}]({link_prefix}{name}))."
         lines.append(textwrap.fill(item, width=100, subsequent_indent="  ", break_on_hyphens=False))
-    return "\n".join(lines) + "\n\n" + TAIL.rstrip()
+    return "\n".join(lines) + "\n\n" + TAIL.format(prefix=link_prefix).rstrip()
