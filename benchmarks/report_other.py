@@ -115,5 +115,13 @@ def section(results: Path, link_prefix: str) -> str:
             continue
         lead = f"**{title}** (`{script}`)"
         item = f"- {lead}: {text} ([{name}]({link_prefix}{name}))."
-        lines.append(textwrap.fill(item, width=100, subsequent_indent="  ", break_on_hyphens=False))
+        lines.append(
+            textwrap.fill(
+                item,
+                width=100,
+                subsequent_indent="  ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+        )
     return "\n".join(lines) + "\n\n" + TAIL.format(prefix=link_prefix).rstrip()

@@ -94,10 +94,11 @@ per-point figures) stays there.
 **Method.**
 - **An external client.** Every server is driven through HTTP (streaming `/v1/completions`) by
   the same load generator, `modelyard bench`, in a process of its own.
-- **Side by side, alternating.** Each run starts modelyard, vLLM CPU 0.32 and llama.cpp (a bf16
-  GGUF) one after another on the same host and reports ratios; these hosts drift by 10-30 %
-  between minutes, so only ratios within one run compare, and each figure below is the median
-  over the runs kept for that host.
+- **Side by side.** Each run serves modelyard, vLLM CPU 0.32 and llama.cpp (a bf16 GGUF) one
+  after another on the same host, each with the host to itself, and reports ratios; these hosts
+  drift by 10-30 % between minutes, so only ratios within one run compare, and each figure below
+  is the median over the runs kept for that host. HTTP against the in-process engine
+  (`serving.py`) alternates the two paths round by round.
 - **Peers at their best settings**, in their own environments: vLLM with its Intel OpenMP
   preloaded, both cores and a 4 GiB KV cache; llama.cpp with 2 threads; none of modelyard's
   runtime settings. modelyard runs as configured by default.
@@ -261,7 +262,8 @@ OTHER_HEAD = """\
 Runs that played a lower kind on a higher host (`--emulate`: every system capped to the kind's
 instructions; clock, caches and memory bandwidth stay the host's) and runs that served the
 packaged GGUF file on its own Q4_1 blocks (`MODELYARD_WEIGHTS=gguf`, float32 activations)
-against llama.cpp serving the same file. Medians, the number of runs in brackets.
+against llama.cpp serving the same file. Medians, the number of runs in brackets; a played kind
+keeps the host's clock and memory, so the real hosts above are the better guide.
 """
 
 

@@ -61,8 +61,11 @@ def _anchors(doc: Path) -> set[str]:
 
 @pytest.mark.parametrize("doc", _docs(), ids=lambda p: p.name)
 def test_every_relative_link_points_at_a_file_and_heading(doc: Path) -> None:
+    text = doc.read_text()
+    links = LINK.findall(text)
+    assert len(links) == text.count("]("), f"{doc.name} has a link split across lines"
     broken = []
-    for target, anchor in LINK.findall(doc.read_text()):
+    for target, anchor in links:
         if "://" in target:
             continue
         path = doc.parent / target if target else doc
