@@ -73,6 +73,14 @@ def _lora(d: dict[str, Any]) -> str:
     )
 
 
+def _aiperf(d: dict[str, Any]) -> str:
+    ratios = [r[m]["aiperf_over_ours"] for r in d["rounds"] for m in ("ttft", "itl")]
+    return (
+        f"NVIDIA's aiperf and `modelyard bench` measuring the same server agree on TTFT and ITL "
+        f"p50 within {max(abs(1 - x) for x in ratios):.1%} ({len(d['rounds'])} rounds)"
+    )
+
+
 # (title, script, result file under benchmarks/results/, one sentence of figures)
 ENTRIES: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
     ("Many models", "multimodel.py", "avx2/multimodel.json", _multimodel),
@@ -87,6 +95,7 @@ ENTRIES: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
         _spec,
     ),
     ("Multi-LoRA", "lora.py", "amx/lora.json", _lora),
+    ("The load generator", "aiperf_crosscheck.py", "avx2/aiperf_crosscheck.json", _aiperf),
 ]
 
 HEAD = """\

@@ -122,7 +122,12 @@ per-point figures) stays there.
 in side venvs, a bf16 GGUF), then `benchmarks/full_run.sh HOST [PEERS_DIR]` runs a host's whole
 battery (~40 minutes on 2 cores) into `benchmarks/results/<kind>/HOST/` and ends with the
 verdict. `python benchmarks/targets.py benchmarks/results/<kind>/HOST` gives the verdict alone,
-and `python benchmarks/report_page.py` rewrites this page.
+and `python benchmarks/report_page.py` rewrites this page. The scripts, each runnable alone:
+`engine_throughput.py` (the engine in-process against transformers, the textbook loop and vLLM's
+offline generate, and the matmul ceiling), `compare_servers.py` (the servers through HTTP with
+`modelyard bench`), `serving.py` (HTTP against in-process), `aiperf_crosscheck.py`
+(`modelyard bench` against NVIDIA's aiperf), `kernel_ab.py` (two kernel builds in one process),
+and those of [the other benchmarks](#other-benchmarks), e.g. `ray_routing.py [--replicas 3]`.
 """
 
 VERDICT_HEAD = (
