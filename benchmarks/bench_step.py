@@ -17,8 +17,8 @@ import time
 import torch
 
 from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.runner.loader import DEFAULT_MODEL
 from modelyard.runner.model_runner import ModelRunner
 

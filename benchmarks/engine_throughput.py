@@ -183,7 +183,7 @@ def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str
     from transformers import AutoTokenizer
 
     from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from modelyard.engine.core import EngineCore
+    from modelyard.engine.core.engine_core import EngineCore
     from modelyard.runner.model_runner import ModelRunner
 
     config = EngineConfig(
@@ -361,7 +361,7 @@ def run_child(system: str, dtype: str, argv: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", system, "--dtype", dtype, *argv]
     # every system runs in the environment `modelyard serve` gives its engine worker (malloc
     # tunables, huge pages, passive OpenMP waits), so none gains from the process setup alone
-    from modelyard.engine.worker import WORKER_ENVIRONMENT
+    from modelyard.engine.worker_entry import WORKER_ENVIRONMENT
 
     env = {**WORKER_ENVIRONMENT, **os.environ}
     t = time.time()

@@ -114,7 +114,7 @@ def process_groups(server: subprocess.Popen[bytes]) -> dict[str, Groups]:
 
 async def start_inprocess(dtype: str) -> Any:
     """AsyncLLM with the default catalog entry's engine settings (those `modelyard serve` uses)."""
-    from modelyard.engine.async_llm import AsyncLLM
+    from modelyard.engine.client.async_llm import AsyncLLM
     from modelyard.manager.catalog import load_catalog
     from modelyard.manager.loaders import engine_config_for
 

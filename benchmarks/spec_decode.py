@@ -140,7 +140,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_child(system: str, argv: list[str]) -> dict[str, Any]:
-    from modelyard.engine.client import WORKER_ENVIRONMENT
+    from modelyard.engine.worker_entry import WORKER_ENVIRONMENT
 
     env = {**WORKER_ENVIRONMENT, **os.environ}  # as `modelyard serve` runs its engine worker
     cmd = [sys.executable, __file__, "--worker", system, *argv]

@@ -27,7 +27,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from modelyard.engine.client.protocol import (
+    EngineDeadError,
+    EngineOverloadedError,
+    PromptTooLongError,
+)
 from modelyard.engine.sampling_params import InvalidParamError
 from modelyard.error_envelopes import error_body
 from modelyard.gateway.errors import GatewayError

@@ -34,7 +34,7 @@ from starlette.requests import Request
 
 from modelyard.api.errors import ClientDisconnectedError
 from modelyard.api.limits import check_generation_limits
-from modelyard.engine.protocol import (
+from modelyard.engine.client.protocol import (
     EngineDeadError,
     LLMClient,
     PromptTooLongError,

@@ -24,8 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from modelyard.engine.client.protocol import (
+    LLMClient,
+    LoRAClient,
+    RequestOutput,
+    Tokenizer,
+    serves_lora,
+)
 from modelyard.engine.messages import LoRARequest, SchedulerStats
-from modelyard.engine.protocol import LLMClient, LoRAClient, RequestOutput, Tokenizer, serves_lora
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.manager.base import Lease, ModelLoadError, ModelProvider, Predictor
 from modelyard.model_spec import ModelKind, ModelSpec
@@ -81,12 +87,12 @@ class LoRARegistry:
 def check_adapter(name: str, path: str, root: str | None, base: ModelSpec, max_rank: int) -> Path:
     """The folder `path` names, resolved (symlinks and `..`), once it is known to lie under
     `root` (server.lora_root, when set) and to hold an adapter that fits the base model, read as
-    the engine will (runner.lora_adapter). ValueError naming what is wrong; ModelLoadError when
+    the engine will (runner.lora.adapter). ValueError naming what is wrong; ModelLoadError when
     the base's own config cannot be read. Blocking: run it in a thread."""
     import torch
 
     from modelyard.runner.loader import resolve_model
-    from modelyard.runner.lora_adapter import BaseShapes, adapter_files, read_adapter
+    from modelyard.runner.lora.adapter import BaseShapes, adapter_files, read_adapter
 
     folder = adapter_folder(path, root)
     adapter_files(folder, name)  # before the base: a folder without them is the request's fault
@@ -102,7 +108,7 @@ def check_adapter(name: str, path: str, root: str | None, base: ModelSpec, max_r
 def adapter_folder(path: str, root: str | None) -> Path:
     """`path` resolved; with a `root`, the folder and its adapter files must resolve inside it
     (ValueError otherwise)."""
-    from modelyard.runner.lora_adapter import ADAPTER_FILES
+    from modelyard.runner.lora.adapter import ADAPTER_FILES
 
     if not path:
         raise ValueError("lora_path must not be empty")

@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelyard.engine.client.protocol import CompletionDelta, Tokenizer
 from modelyard.engine.messages import FinishReason, TokenLogprobs
-from modelyard.engine.protocol import CompletionDelta, Tokenizer
 
 
 @dataclass(slots=True)

@@ -38,9 +38,9 @@ class ModelConfig:
     layers instead of its float32 conversion's weights (runner.gguf_weights); auto: as
     MODELYARD_WEIGHTS says (gguf: on)."""
     poison_token_ids: tuple[int, ...] = ()
-    """Fault drill for the isolation tests (engine/fault_drill.py): a step whose batch holds one
-    of these token ids raises in the runner, as a request that passed every check could. Empty
-    in service."""
+    """Fault drill for the isolation tests (engine/core/fault_drill.py): a step whose batch holds
+    one of these token ids raises in the runner, as a request that passed every check could.
+    Empty in service."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -58,7 +58,7 @@ class CacheConfig:
     """Overrides kv_cache_bytes (tests use tiny values to force preemption)."""
     enable_prefix_caching: bool = True
     max_pinned_fraction: float = 0.5
-    """Most of the KV cache that pinned prefixes (engine/pins.py) may hold together."""
+    """Most of the KV cache that pinned prefixes (engine/core/prefixes.py) may hold together."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -95,7 +95,7 @@ class AdmissionConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SpeculativeConfig:
-    """Speculative decoding of one model (engine.spec_decode states the policy)."""
+    """Speculative decoding of one model (engine.core.spec_decode states the policy)."""
 
     method: SpecMethod
     """ngram = prompt lookup (no model); draft = a second model sharing the tokenizer;
@@ -116,7 +116,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int = setting(8, ge=1)
     """No request speculates in a step that starts with more running requests than this."""
     adaptive: bool = True
-    """Each request's k follows how much of its drafts the target accepts (engine.spec_decode,
+    """Each request's k follows how much of its drafts the target accepts (engine.core.spec_decode,
     rule 5); False: every draft may take num_speculative_tokens."""
 
     def __post_init__(self) -> None:
@@ -159,7 +159,7 @@ SPECULATIVE_OPTIONS = {
 
 @dataclass(frozen=True, kw_only=True)
 class LoRAConfig:
-    """Serving LoRA adapters on this model (runner.lora states the mechanism)."""
+    """Serving LoRA adapters on this model (runner.lora.manager states the mechanism)."""
 
     max_loras: int = setting(4, ge=1)
     """Most different adapters in one step (each has a slot in the stacked LoRA weights)."""

@@ -4,7 +4,7 @@ Unlike the server's AsyncLLM, this runs the engine core in the calling process: 
 process, no IPC, no event loop. All prompts are queued at once and the core steps until every
 request finished, so continuous batching, the prefix cache and chunked prefill work exactly as
 in the server. Fan-out, text and stop strings come from the same output processor
-(engine/output_processor.py), so offline and served outputs agree. Blocking by design; do not
+(engine/client/output_processor.py), so offline and served outputs agree. Blocking by design; do not
 call it from an event loop.
 """
 
@@ -15,16 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from modelyard.engine.config import EngineConfig, LoRAConfig, SpeculativeConfig
-from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats
-from modelyard.engine.output_processor import (
+from modelyard.engine.client.output_processor import (
     RequestState,
     check_prompt_length,
     load_tokenizer,
     prompt_ids,
     render_chat,
 )
-from modelyard.engine.protocol import RequestOutput, Tokenizer
+from modelyard.engine.client.protocol import RequestOutput, Tokenizer
+from modelyard.engine.config import EngineConfig, LoRAConfig, SpeculativeConfig
+from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -76,7 +76,7 @@ class LLM:
         lora: LoRAConfig | dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
-        from modelyard.engine.core import EngineCore
+        from modelyard.engine.core.engine_core import EngineCore
         from modelyard.runner.model_runner import ModelRunner
 
         if isinstance(speculative, dict):

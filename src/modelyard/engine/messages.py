@@ -15,6 +15,7 @@ import enum
 import msgspec
 
 from modelyard.engine.sampling_params import SamplingParams
+from modelyard.transport.base import Codec
 
 
 class FinishReason(enum.StrEnum):
@@ -79,7 +80,7 @@ class PinPrefix(msgspec.Struct, tag="pin", kw_only=True):
 
     The prefill runs as request `request_id` (max_tokens=1); its final output answers the
     command: finish_reason LENGTH/STOP once the blocks are pinned, ERROR when the pin was
-    refused (over the pin budget) or failed. See engine/pins.py.
+    refused (over the pin budget) or failed. See engine/core/prefixes.py.
     """
 
     request_id: str  # the prefill request's id (the API process's namespace)
@@ -167,7 +168,9 @@ class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
     implementation: str  # "native" or "generic"
     rss_bytes: int  # the worker's resident memory after load
     vocab_size: int = 0  # token ids must be in [0, vocab_size) (0: unknown, not checked)
-    max_pinned_blocks: int = 0  # the pin budget in blocks (engine/pins.py: pin_limit_blocks)
+    max_pinned_blocks: int = (
+        0  # the pin budget in blocks (engine/core/prefixes.py: pin_limit_blocks)
+    )
 
 
 class EngineFailed(msgspec.Struct, tag="failed", kw_only=True):
@@ -184,3 +187,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True):
 
 
 WorkerMessage = EngineOutputs | EngineReady | EngineFailed | Heartbeat
+
+#: The two directions of the worker's connection (msgspec msgpack, tagged unions).
+COMMAND_CODEC: Codec[EngineCommand] = Codec(EngineCommand)
+WORKER_MESSAGE_CODEC: Codec[WorkerMessage] = Codec(WorkerMessage)

@@ -81,7 +81,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     cache_salt: str | None = None
     """Not a sampling knob: the request's prefix-cache salt (vLLM's `cache_salt`, composed by
     the API process with the tenant's). Mixed into the hash of the first KV block, so requests
-    of different salts never share cached KV (engine/request.py). It rides with the parameters
+    of different salts never share cached KV (engine/core/request.py). It rides with the parameters
     so that every engine client carries it unchanged."""
 
     @property

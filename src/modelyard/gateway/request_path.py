@@ -47,7 +47,7 @@ from typing import Any, Generic, TypeVar
 
 from starlette.requests import Request
 
-from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, LLMClient
+from modelyard.engine.client.protocol import EngineDeadError, EngineOverloadedError, LLMClient
 from modelyard.gateway.base import PRINCIPAL_SCOPE_KEY, ModelRouter, Principal, RouteDecision
 from modelyard.gateway.config import RateLimitConfig
 from modelyard.gateway.errors import GatewayError, forbidden

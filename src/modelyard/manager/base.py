@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from modelyard.engine.protocol import LLMClient
+from modelyard.engine.client.protocol import LLMClient
 from modelyard.model_spec import ModelKind, ModelSpec
 
 

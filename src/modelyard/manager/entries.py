@@ -7,7 +7,7 @@ import enum
 import time
 from typing import Any
 
-from modelyard.engine.protocol import LLMClient
+from modelyard.engine.client.protocol import LLMClient
 from modelyard.manager.base import ModelLoadError, Predictor
 from modelyard.manager.loaders import LLMModel
 from modelyard.model_spec import ModelKind, ModelSpec

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.config import CacheConfig, EngineConfig
-from modelyard.engine.protocol import LLMClient
 from modelyard.manager.base import ModelLoadError, Predictor
 from modelyard.manager.worker_process import WorkerProcess
 from modelyard.model_spec import ModelKind, ModelSpec
@@ -160,7 +160,7 @@ class ProcessLoader:
 
     async def _load_llm(self, spec: ModelSpec) -> LoadedModel:
         try:
-            async_llm = importlib.import_module("modelyard.engine.async_llm")
+            async_llm = importlib.import_module("modelyard.engine.client.async_llm")
         except ImportError as exc:
             raise ModelLoadError(f"{spec.id}: the LLM engine is not available: {exc}") from exc
         llm = await async_llm.AsyncLLM.start(engine_config_for(spec), model_name=spec.id)

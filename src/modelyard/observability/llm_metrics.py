@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from modelyard.engine.protocol import RequestOutput
+from modelyard.engine.client.protocol import RequestOutput
 from modelyard.observability import metrics as m
 
 

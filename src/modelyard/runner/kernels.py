@@ -5,7 +5,7 @@ csrc/: `paged_decode.cpp` attention from the paged KV cache (bf16 paths: `decode
 `decode_tiles.cpp`); `rms_norm.cpp` / `fused_ops.cpp` a decoder layer's element-wise steps in
 one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU); `gemm*.cpp` the linear
 layers on weights packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA
-adapters' deltas (runner.lora); `sampling.cpp` draws the tokens of unfiltered sampling rows
+adapters' deltas (runner.lora.manager); `sampling.cpp` draws the tokens of unfiltered sampling rows
 (runner.sampler); `claim.h` splits work across threads; `rows.h` the scans of argmax and the draw.
 When none load (an error, logged) or `MODELYARD_NATIVE_KERNELS=0`: `load()` is False, and the
 pure-torch path computes the same. `python -m modelyard.runner.kernels` builds this host's

@@ -31,13 +31,13 @@ from modelyard.engine.config import (
     SpeculativeConfig,
     Switch,
 )
-from modelyard.engine.messages import LoRARequest, SchedulerStats
-from modelyard.engine.scheduler_output import (
+from modelyard.engine.core.scheduler_output import (
     DraftResult,
     RunnerOutput,
     ScheduledRequest,
     SchedulerOutput,
 )
+from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.kernel_config import kernel_config
@@ -221,7 +221,7 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Verify the requests with drafts into `out` (rows of `logits`: per sampled request,
         one per proposed token plus one); return the rows of the others. Requests with drafts
-        never ask for logprobs (engine.spec_decode)."""
+        never ask for logprobs (engine.core.spec_decode)."""
         spans: list[int] = []  # rows of the requests with drafts
         plain_rows: list[int] = []
         row = 0

@@ -34,9 +34,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.engine.messages import TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import ScheduledRequest
 from modelyard.runner import kernels
 
 

@@ -13,7 +13,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NoReturn
 
-from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from modelyard.engine.client.protocol import (
+    EngineDeadError,
+    EngineOverloadedError,
+    PromptTooLongError,
+)
 from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
 
 

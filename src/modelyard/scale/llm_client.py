@@ -17,10 +17,10 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
+from modelyard.engine.client.output_processor import check_prompt_length, render_chat
+from modelyard.engine.client.prefixes import EnginePrefixes, PrefixRegistry
+from modelyard.engine.client.protocol import RequestOutput, Tokenizer
 from modelyard.engine.messages import LoRARequest, SchedulerStats
-from modelyard.engine.output_processor import check_prompt_length, render_chat
-from modelyard.engine.prefixes import EnginePrefixes, PrefixRegistry
-from modelyard.engine.protocol import RequestOutput, Tokenizer
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.scale.calls import CALL_CONTEXT, CallContext, reraise_local
 from modelyard.scale.messages import LLMCall, LLMReplicaInfo

@@ -1,5 +1,5 @@
-"""`RayPinTransport`: the transport of the ingress's `EnginePrefixes` (engine/prefixes.py) over
-an LLM deployment, so pins work in Ray mode through the same registry as in local mode.
+"""`RayPinTransport`: the transport of the ingress's `EnginePrefixes` (engine/client/prefixes.py)
+over an LLM deployment, so pins work in Ray mode through the same registry as in local mode.
 
 - `add_request(PinPrefix)` sends a `PinCall`; the request router routes it by the prefix like
   a request that starts with it, and holds the prefix on the replica that got it for the pin's
@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from modelyard.engine.client import OutputQueue
+from modelyard.engine.block_hashes import block_hashes_of
+from modelyard.engine.client.core_client import OutputQueue
 from modelyard.engine.messages import (
     EngineOutput,
     EngineRequest,
@@ -27,7 +28,6 @@ from modelyard.engine.messages import (
     PinPrefix,
     SchedulerStats,
 )
-from modelyard.engine.pins import block_hashes_of
 from modelyard.scale.calls import reraise_local
 from modelyard.scale.messages import PinCall
 
@@ -40,7 +40,7 @@ class _Pin:
 
 
 class RayPinTransport:
-    """`engine.prefixes.PinTransport` over a deployment handle (see the module docstring)."""
+    """`engine.client.prefixes.PinTransport` over a deployment handle (see the module docstring)."""
 
     def __init__(self, handle: Any, block_size: int) -> None:
         self._handle = handle

@@ -25,9 +25,9 @@ import ray
 from ray import serve
 from ray.serve import metrics as serve_metrics
 
-from modelyard.engine.async_llm import AsyncLLM
+from modelyard.engine.client.async_llm import AsyncLLM
+from modelyard.engine.client.protocol import RequestOutput
 from modelyard.engine.messages import EngineOutput, SchedulerStats
-from modelyard.engine.protocol import RequestOutput
 from modelyard.manager.catalog import Catalog
 from modelyard.manager.config import ManagerConfig
 from modelyard.manager.loaders import engine_config_for

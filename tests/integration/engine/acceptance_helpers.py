@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from modelyard.engine.core import EngineCore
+from modelyard.engine.core.engine_core import EngineCore
+from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
 from modelyard.engine.messages import EngineRequest, FinishReason, SchedulerStats
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
 from modelyard.runner.model_runner import ModelRunner
 
 BLOCK_SIZE = 16

@@ -24,7 +24,7 @@ from acceptance_helpers import (
     tiny_model,
 )
 
-from modelyard.engine.core import EngineCore
+from modelyard.engine.core.engine_core import EngineCore
 from modelyard.engine.messages import EngineRequest
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.model_runner import ModelRunner

@@ -14,10 +14,10 @@ import pytest
 import pytest_asyncio
 from engine_helpers import engine_config, hf_greedy
 
-from modelyard.engine.async_llm import AsyncLLM
-from modelyard.engine.client import EngineCoreClient
+from modelyard.engine.client.async_llm import AsyncLLM
+from modelyard.engine.client.core_client import EngineCoreClient
+from modelyard.engine.client.protocol import EngineDeadError, RequestOutput
 from modelyard.engine.messages import FinishReason
-from modelyard.engine.protocol import EngineDeadError, RequestOutput
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -22,7 +22,7 @@ from lora_helpers import (
     tiny_llama,
 )
 from modelyard.engine.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig
-from modelyard.engine.core import EngineCore
+from modelyard.engine.core.engine_core import EngineCore
 from modelyard.engine.messages import EngineRequest, LoRARequest
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.model_runner import ModelRunner

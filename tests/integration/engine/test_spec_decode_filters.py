@@ -33,7 +33,7 @@ from modelyard.engine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from modelyard.engine.core import EngineCore
+from modelyard.engine.core.engine_core import EngineCore
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.model_runner import ModelRunner
 from modelyard.runner.spec_decode.ngram import lookup

@@ -32,11 +32,11 @@ from modelyard.engine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from modelyard.engine.core import EngineCore
+from modelyard.engine.core.engine_core import EngineCore
+from modelyard.engine.core.scheduler_output import StepRunner
 from modelyard.engine.llm import LLM
 from modelyard.engine.messages import EngineRequest
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import StepRunner
 from modelyard.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.integration

@@ -10,14 +10,14 @@ from typing import Any
 
 import httpx
 
-from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats, TokenLogprobs
-from modelyard.engine.protocol import (
+from modelyard.engine.client.protocol import (
     CompletionDelta,
     EngineOverloadedError,
     PromptTooLongError,
     RequestMetrics,
     RequestOutput,
 )
+from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.manager.base import ModelNotFoundError
 from modelyard.model_spec import ModelKind, ModelSpec

@@ -13,6 +13,7 @@ from api_fakes import CharTokenizer, FakeLLM, FakeProvider, make_client
 from modelyard.api.app import build_app
 from modelyard.api.routes.prefixes import PrefixDirectory, visible
 from modelyard.config import ModelyardConfig
+from modelyard.engine.client.prefixes import EnginePrefixes, PinnedPrefix, PrefixRegistry
 from modelyard.engine.messages import (
     EngineOutput,
     EngineRequest,
@@ -20,7 +21,6 @@ from modelyard.engine.messages import (
     PinPrefix,
     SchedulerStats,
 )
-from modelyard.engine.prefixes import EnginePrefixes, PinnedPrefix, PrefixRegistry
 from modelyard.gateway.base import ADMIN_SCOPE, Principal
 
 pytestmark = pytest.mark.unit

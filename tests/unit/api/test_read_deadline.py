@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from modelyard.api.generation import ReadDeadline
-from modelyard.engine.protocol import RequestOutput
+from modelyard.engine.client.protocol import RequestOutput
 
 pytestmark = pytest.mark.unit
 

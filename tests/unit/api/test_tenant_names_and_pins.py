@@ -17,8 +17,8 @@ from test_prefixes_api import PinLLM
 
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig
+from modelyard.engine.client.protocol import RequestOutput
 from modelyard.engine.messages import LoRARequest
-from modelyard.engine.protocol import RequestOutput
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.gateway.config import GatewayConfig
 from modelyard.gateway.gateway import build_gateway

@@ -7,7 +7,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from modelyard.engine.client import EngineCoreClient
+from modelyard.engine.client.core_client import EngineCoreClient
+from modelyard.engine.core.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
 from modelyard.engine.messages import (
     EngineOutput,
     EngineReady,
@@ -17,7 +18,6 @@ from modelyard.engine.messages import (
     SchedulerStats,
 )
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
 from modelyard.transport.inproc import inproc_pair
 
 

@@ -5,15 +5,15 @@ import pytest
 from fake_engine import FakeCore, ThreadWorker, start_fake_client
 from tiny_tokenizer import build_tokenizer
 
-from modelyard.engine.async_llm import AsyncLLM
-from modelyard.engine.config import AdmissionConfig
-from modelyard.engine.messages import FinishReason
-from modelyard.engine.protocol import (
+from modelyard.engine.client.async_llm import AsyncLLM
+from modelyard.engine.client.protocol import (
     EngineDeadError,
     EngineOverloadedError,
     PromptTooLongError,
     RequestOutput,
 )
+from modelyard.engine.config import AdmissionConfig
+from modelyard.engine.messages import FinishReason
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit

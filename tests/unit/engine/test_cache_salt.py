@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from modelyard.engine.kv_cache import KVCacheManager
+from modelyard.engine.block_hashes import block_hashes_of
+from modelyard.engine.client.prefixes import PrefixBudgetError, PrefixRegistry, PrefixShareError
+from modelyard.engine.core.kv_cache import KVCacheManager
+from modelyard.engine.core.prefixes import PrefixPins
+from modelyard.engine.core.request import Request
 from modelyard.engine.messages import PinPrefix
-from modelyard.engine.pins import PrefixPins, block_hashes_of
-from modelyard.engine.prefixes import PrefixBudgetError, PrefixRegistry, PrefixShareError
-from modelyard.engine.request import Request
 from modelyard.engine.sampling_params import InvalidParamError, SamplingParams
 
 pytestmark = pytest.mark.unit

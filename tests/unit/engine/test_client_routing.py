@@ -4,9 +4,9 @@ import time
 import pytest
 from fake_engine import FakeCore, start_fake_client
 
-from modelyard.engine import worker as worker_module
+from modelyard.engine.client.protocol import EngineDeadError
+from modelyard.engine.core import worker as worker_module
 from modelyard.engine.messages import EngineRequest, FinishReason
-from modelyard.engine.protocol import EngineDeadError
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit

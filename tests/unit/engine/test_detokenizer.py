@@ -1,7 +1,7 @@
 import pytest
 from tiny_tokenizer import build_tokenizer
 
-from modelyard.engine.detokenizer import IncrementalDetokenizer, decoder
+from modelyard.engine.client.detokenizer import IncrementalDetokenizer, decoder
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit

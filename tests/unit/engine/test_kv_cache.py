@@ -5,8 +5,9 @@ from array import array
 
 import pytest
 
-from modelyard.engine.kv_cache import KVCacheManager, hash_block_tokens
-from modelyard.engine.request import Request
+from modelyard.engine.block_hashes import hash_block_tokens
+from modelyard.engine.core.kv_cache import KVCacheManager
+from modelyard.engine.core.request import Request
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit

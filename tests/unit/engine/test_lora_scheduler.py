@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig
+from modelyard.engine.core.scheduler import Scheduler
+from modelyard.engine.core.scheduler_output import RunnerOutput
 from modelyard.engine.messages import EngineRequest, LoRARequest
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler import Scheduler
-from modelyard.engine.scheduler_output import RunnerOutput
 
 pytestmark = pytest.mark.unit
 

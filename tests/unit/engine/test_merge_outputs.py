@@ -1,8 +1,8 @@
 import pytest
 
+from modelyard.engine.client.output_processor import merge_outputs
+from modelyard.engine.client.protocol import CompletionDelta, RequestMetrics, RequestOutput
 from modelyard.engine.messages import FinishReason, TokenLogprobs
-from modelyard.engine.output_processor import merge_outputs
-from modelyard.engine.protocol import CompletionDelta, RequestMetrics, RequestOutput
 
 pytestmark = pytest.mark.unit
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from tiny_tokenizer import build_tokenizer
 
-from modelyard.engine.messages import EngineOutput, FinishReason
-from modelyard.engine.output_processor import (
+from modelyard.engine.client.output_processor import (
     RequestState,
     check_prompt_length,
     prompt_ids,
     render_chat,
 )
-from modelyard.engine.protocol import PromptTooLongError
+from modelyard.engine.client.protocol import PromptTooLongError
+from modelyard.engine.messages import EngineOutput, FinishReason
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from test_core import BS, FakeKVRunner, make_request
 
+from modelyard.engine.block_hashes import block_hashes_of
 from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from modelyard.engine.core import EngineCore
-from modelyard.engine.kv_cache import KVCacheManager
+from modelyard.engine.core.engine_core import EngineCore
+from modelyard.engine.core.kv_cache import KVCacheManager
+from modelyard.engine.core.prefixes import PrefixBudgetError, pin_limit_blocks
+from modelyard.engine.core.request import Request
 from modelyard.engine.messages import EngineOutput, FinishReason, PinPrefix
-from modelyard.engine.pins import PinBudgetError, block_hashes_of, pin_limit_blocks
-from modelyard.engine.request import Request
 from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit
@@ -160,12 +161,12 @@ def test_unpin_releases_and_unknown_ids_are_ignored() -> None:
 
 def test_pin_over_budget_is_refused_before_prefill() -> None:
     core, runner = make_core(num_blocks=40, max_model_len=64)  # limit: 20 blocks
-    assert core.pins.limit_blocks == 20
+    assert core.prefixes.limit_blocks == 20
     pin(core, "a", list(range(100, 132)))  # 8 blocks
     pin(core, "b", list(range(100, 132)) + list(range(400, 418)))  # shares a's 8: +4
     assert core.stats().num_pinned_blocks == 12
     steps = runner.num_steps
-    with pytest.raises(PinBudgetError, match="pin budget"):
+    with pytest.raises(PrefixBudgetError, match="pin budget"):
         core.pin_prefix(
             PinPrefix(request_id="pin-c", prefix_id="c", token_ids=list(range(50, 90)), ttl_s=9)
         )

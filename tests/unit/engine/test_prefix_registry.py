@@ -9,8 +9,8 @@ import pytest
 from fake_engine import FakeCore, start_fake_client
 from tiny_tokenizer import build_tokenizer
 
-from modelyard.engine.async_llm import AsyncLLM
-from modelyard.engine.prefixes import PrefixBudgetError, PrefixPinError, PrefixRegistry
+from modelyard.engine.client.async_llm import AsyncLLM
+from modelyard.engine.client.prefixes import PrefixBudgetError, PrefixPinError, PrefixRegistry
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +69,7 @@ async def test_refusals_leave_no_pin_behind() -> None:
 
 def test_registry_drops_pins_past_their_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr("modelyard.engine.prefixes.time.time", lambda: now[0])
+    monkeypatch.setattr("modelyard.engine.client.prefixes.time.time", lambda: now[0])
     registry = PrefixRegistry(model="m", block_size=16, max_pinned_blocks=8, max_model_len=64)
     pending = registry.reserve(PREFIX, ttl_s=10, owner="a", messages=None)
     assert registry.live() == []  # pending until the engine answers

@@ -7,11 +7,11 @@ from collections.abc import Callable
 import pytest
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig
+from modelyard.engine.core.request import RequestStatus
+from modelyard.engine.core.scheduler import Scheduler
+from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput
 from modelyard.engine.messages import EngineOutput, EngineRequest
-from modelyard.engine.request import RequestStatus
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler import Scheduler
-from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput
 
 pytestmark = pytest.mark.unit
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from modelyard.engine.core.request import Request
+from modelyard.engine.core.scheduler import Scheduler
+from modelyard.engine.core.scheduler_output import DraftResult, RunnerOutput, SchedulerOutput
+from modelyard.engine.core.spec_decode import SpecDecodePolicy, best_k
 from modelyard.engine.messages import EngineRequest
-from modelyard.engine.request import Request
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler import Scheduler
-from modelyard.engine.scheduler_output import DraftResult, RunnerOutput, SchedulerOutput
-from modelyard.engine.spec_decode import SpecDecodePolicy, best_k
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
-"""Speculative decoding meets the engine's isolation (engine/isolation.py), no model: a step that
-fails is re-run in parts, a speculating request that ran keeps its accepted drafts, and a
+"""Speculative decoding meets the engine's isolation (engine/core/isolation.py), no model: a step
+that fails is re-run in parts, a speculating request that ran keeps its accepted drafts, and a
 speculating request that made the step fail gives its reserved slots back."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from modelyard.engine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from modelyard.engine.core import EngineCore
+from modelyard.engine.core.engine_core import EngineCore
+from modelyard.engine.core.scheduler_output import DraftResult, RunnerOutput, SchedulerOutput
 from modelyard.engine.messages import EngineRequest
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import DraftResult, RunnerOutput, SchedulerOutput
 
 pytestmark = pytest.mark.unit
 

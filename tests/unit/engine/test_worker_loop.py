@@ -4,6 +4,7 @@ import time
 import pytest
 from fake_engine import FakeCore
 
+from modelyard.engine.core.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
 from modelyard.engine.messages import (
     AbortRequests,
     EngineOutputs,
@@ -13,7 +14,6 @@ from modelyard.engine.messages import (
     Shutdown,
 )
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
 from modelyard.transport.inproc import inproc_pair
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from modelyard.config_parse import ConfigError
-from modelyard.engine.prefixes import MAX_PREFIX_TTL_S
-from modelyard.engine.request import prefix_cache_salt
+from modelyard.engine.block_hashes import prefix_cache_salt
+from modelyard.engine.client.prefixes import MAX_PREFIX_TTL_S
 from modelyard.gateway.base import ANONYMOUS, Principal
 from modelyard.gateway.config import MAX_PIN_TTL_S, GatewayConfig, PinsConfig
 from modelyard.gateway.errors import GatewayError

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.runner.model_runner import ModelRunner
 
 BLOCK_SIZE = 4

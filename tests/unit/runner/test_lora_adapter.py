@@ -1,4 +1,4 @@
-"""runner.lora_adapter on real PEFT adapters of a tiny random Llama: a good adapter loads; each
+"""runner.lora.adapter on real PEFT adapters of a tiny random Llama: a good adapter loads; each
 malformed one (config not JSON or not an object, fields of the wrong type, DoRA, corrupt or
 truncated safetensors, a missing file or folder, NaN weights, half a pair, a rank past
 max_lora_rank, shapes of another base, an unsupported target module) is a ValueError naming
@@ -15,8 +15,8 @@ from transformers import AutoConfig
 
 from lora_helpers import MALFORMED, lora_request, make_adapter, malformed_adapters, tiny_llama
 from modelyard.engine.config import LoRAConfig
-from modelyard.runner.lora import LoRAManager
-from modelyard.runner.lora_adapter import BaseShapes, read_adapter
+from modelyard.runner.lora.adapter import BaseShapes, read_adapter
+from modelyard.runner.lora.manager import LoRAManager
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
-"""runner.lora on hand-written PEFT files (no model): per-row deltas equal s * B A x for each
-row's own adapter and exactly 0 for base rows, the compiled kernels' and the torch path's
+"""runner.lora.manager on hand-written PEFT files (no model): per-row deltas equal s * B A x for
+each row's own adapter and exactly 0 for base rows, the compiled kernels' and the torch path's
 alike; slots and the loaded-adapter cache evict the least recently used; adapters that do not
 fit are refused."""
 
@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.messages import LoRARequest
 from modelyard.runner import kernels
-from modelyard.runner.lora import LoRAManager
-from modelyard.runner.lora_adapter import BaseShapes
+from modelyard.runner.lora.adapter import BaseShapes
+from modelyard.runner.lora.manager import LoRAManager
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import ScheduledRequest
 from modelyard.runner import kernels
 from modelyard.runner.sampler import Sampler, _native_draw
 

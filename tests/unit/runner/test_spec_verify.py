@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.engine.scheduler_output import ScheduledRequest
 from modelyard.runner.sampler import Sampler
 from modelyard.runner.spec_decode.ngram import NgramProposer, lookup
 from modelyard.runner.spec_decode.verify import verify

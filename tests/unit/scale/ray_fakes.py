@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelyard.engine.client.protocol import CompletionDelta, RequestOutput
 from modelyard.engine.messages import EngineOutput, FinishReason, LoRARequest, PinPrefix
-from modelyard.engine.protocol import CompletionDelta, RequestOutput
 from modelyard.scale.affinity import PrefixAffinity
 from modelyard.scale.messages import LLMCall, LLMReplicaInfo, PinCall
 from modelyard.scale.ray_router import routing_keys

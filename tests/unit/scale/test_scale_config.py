@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from modelyard.config import config_from_mapping
-from modelyard.engine.protocol import EngineDeadError, EngineOverloadedError
+from modelyard.engine.client.protocol import EngineDeadError, EngineOverloadedError
 from modelyard.manager.base import ModelUnavailableError
 from modelyard.manager.catalog import parse_catalog
 from modelyard.scale.config import RayConfig

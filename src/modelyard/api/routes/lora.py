@@ -23,8 +23,8 @@ from starlette.responses import PlainTextResponse
 
 from modelyard.api.errors import APIError
 from modelyard.api.lora import LoRARegistry, check_adapter
+from modelyard.engine.client.protocol import LoRAClient, serves_lora
 from modelyard.engine.config import LoRAConfig
-from modelyard.engine.protocol import LoRAClient, serves_lora
 from modelyard.gateway.request_path import require_admin
 from modelyard.manager.base import ModelNotFoundError
 from modelyard.manager.entries import State

@@ -30,8 +30,8 @@ from modelyard.api.openai_format import ChoiceText, OpenAIFormat, finish_reason_
 from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from modelyard.api.routes.prefixes import resolve_named_prefix
 from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
+from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
-from modelyard.engine.protocol import LLMClient
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.gateway.request_path import runs_model
 

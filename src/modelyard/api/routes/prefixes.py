@@ -1,7 +1,7 @@
 """The prefix API (CAG): pin a knowledge prefix in a model's KV cache, list it, release it.
 
 - `POST /v1/prefixes` `{"model", one of "text" | "token_ids" | "messages", "ttl_s"?,
-  "cache_salt"?}` prefills the prefix once and pins its full KV blocks (engine/pins.py);
+  "cache_salt"?}` prefills the prefix once and pins its full KV blocks (engine/core/prefixes.py);
   answers the prefix object (`id`, `model`, `num_tokens`, `num_pinned_tokens`, `num_blocks`,
   `expires_at`, `hits`...) once the blocks are pinned. `messages` are chat messages (typically
   one system message with the knowledge) rendered with the model's chat template as the
@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelyard.api.errors import APIError
 from modelyard.api.listing import may_call
 from modelyard.api.protocol import ChatMessage
-from modelyard.engine.prefixes import (
+from modelyard.engine.client.prefixes import (
     DEFAULT_PREFIX_TTL_S,
     MAX_PREFIX_TTL_S,
     EnginePrefixes,
@@ -52,7 +52,7 @@ from modelyard.engine.prefixes import (
     PrefixPinError,
     PrefixShareError,
 )
-from modelyard.engine.protocol import LLMClient
+from modelyard.engine.client.protocol import LLMClient
 from modelyard.gateway.base import Principal
 from modelyard.gateway.pin_policy import PinPolicy
 from modelyard.gateway.request_path import (

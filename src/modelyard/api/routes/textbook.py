@@ -38,8 +38,8 @@ from modelyard.api.protocol import (
 )
 from modelyard.api.streaming import sse_error, sse_event, sse_response
 from modelyard.config import TextbookConfig
+from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
-from modelyard.engine.protocol import LLMClient
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.gateway.request_path import runs_model
 

@@ -1,4 +1,4 @@
-// LoRA deltas of a step's rows, each row with its own adapter (runner.lora), in float32.
+// LoRA deltas of a step's rows, each row with its own adapter (runner.lora.manager), in float32.
 //
 // A layer's projection group (n modules sharing the input x) keeps, for S slots of R ranks
 // (R a multiple of 16):

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ weight is packed once for the runner's GEMM (runner.linear), which applies SwiGL
 to the gate/up tiles as it makes them. The lm_head runs only on the rows that are
 sampled. Weights come straight from the HF safetensors files.
 
-With a LoRAConfig, each layer's projections are wrapped by runner.lora's hooks, which add the
+With a LoRAConfig, each layer's projections are wrapped by runner.lora.hooks, which add the
 step's adapter deltas row by row (the MLP's activation after its gate/up deltas); a step without
 adapters runs the same kernels as a model without LoRA.
 """
@@ -30,9 +30,9 @@ from modelyard.runner.decode_loop import DecodeLoop, LoopShape
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, concat
 from modelyard.runner.kv_layout import KV_PLAIN, kv_layout
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
-from modelyard.runner.lora import LoRAManager
-from modelyard.runner.lora_adapter import BaseShapes
-from modelyard.runner.lora_hooks import LoRAGatedMLP, LoRAProjection
+from modelyard.runner.lora.adapter import BaseShapes
+from modelyard.runner.lora.hooks import LoRAGatedMLP, LoRAProjection
+from modelyard.runner.lora.manager import LoRAManager
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger(__name__)

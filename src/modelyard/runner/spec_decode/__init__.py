@@ -1,6 +1,6 @@
 """The runner's side of speculative decoding: proposers and verification.
 
-engine.spec_decode states the policy (who speculates, how many slots); here a `Proposer` fills
+engine.core.spec_decode states the policy (who speculates, how many slots); here a `Proposer` fills
 a step's speculative slots before the target's forward, and `verify.verify` checks the proposed
 tokens against the target's logits after it. `build_proposer` is the one place that picks the
 proposer for a SpeculativeConfig.
@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from modelyard.engine.config import SpeculativeConfig
-from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.runner.loader import ResolvedModel, resolve_model
 from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.spec_decode.draft import DraftProposer, self_draft_model

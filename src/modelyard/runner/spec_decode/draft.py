@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.models.llama import LlamaModel

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 
 
 def lookup(tokens: npt.NDArray[np.int64], min_n: int, max_n: int, k: int) -> list[int]:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.runner.sampler import Sampler, draw_one
 
 

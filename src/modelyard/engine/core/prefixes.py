@@ -1,10 +1,10 @@
 """Pinned prefixes (CAG): knowledge prefilled once and kept in the prefix cache.
 
-Policy, worker side (the API process keeps the user-facing registry, engine/prefixes.py):
+Policy, worker side (the API process keeps the user-facing registry, engine/client/prefixes.py):
 
 1. `PinPrefix` arrives: the budget is checked first. The prefix's full blocks that are not
    pinned yet must fit under `limit_blocks` together with every block pinned now; otherwise
-   `PinBudgetError` (the API process checks the same rule earlier and answers 507).
+   `PrefixBudgetError` (the API process checks the same rule earlier and answers 507).
 2. The prefix runs as an ordinary request (`max_tokens=1`, the sampled token is thrown away):
    its prefill is chunked, batched and preempted like any other, and its full blocks enter the
    prefix cache as they are scheduled.
@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from modelyard.engine.kv_cache import KVCacheManager, hash_block_tokens
+from modelyard.engine.block_hashes import BlockHash, block_hashes_of
+from modelyard.engine.core.kv_cache import KVCacheManager
 from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason, PinPrefix
-from modelyard.engine.request import BlockHash, prefix_cache_salt
 from modelyard.engine.sampling_params import SamplingParams
 
 
-class PinBudgetError(ValueError):
+class PrefixBudgetError(ValueError):
     """Pinning this prefix would leave too little KV cache for serving."""
 
 
@@ -44,20 +44,6 @@ def pin_limit_blocks(
     a request of the full context length could not fit in the blocks left."""
     full_context = math.ceil(max_model_len / block_size)
     return max(0, min(int(num_blocks * max_pinned_fraction), num_blocks - full_context))
-
-
-def block_hashes_of(
-    token_ids: list[int], block_size: int, cache_salt: str | None = None
-) -> list[BlockHash]:
-    """The prefix-cache hashes of the full blocks of `token_ids` (the chain of kv_cache) for a
-    request without adapter and with this `cache_salt`."""
-    hashes: list[BlockHash] = []
-    salt = prefix_cache_salt(None, cache_salt)
-    for index in range(len(token_ids) // block_size):
-        parent = hashes[-1] if hashes else salt
-        chunk = token_ids[index * block_size : (index + 1) * block_size]
-        hashes.append(hash_block_tokens(parent, chunk))
-    return hashes
 
 
 @dataclass
@@ -87,7 +73,7 @@ class PrefixPins:
 
     def start(self, command: PinPrefix) -> EngineRequest:
         """Check the budget and return the request that prefills the prefix (step 1-2).
-        ValueError for a prefix id already pinned or pending, PinBudgetError over budget."""
+        ValueError for a prefix id already pinned or pending, PrefixBudgetError over budget."""
         if command.prefix_id in self._pins or any(
             p.prefix_id == command.prefix_id for p in self._pending.values()
         ):
@@ -99,7 +85,7 @@ class PrefixPins:
             raise ValueError(f"a prefix needs at least {self.kv.block_size} tokens to pin")
         new_blocks = len(hashes) - self.kv.num_pinned_among(hashes)
         if self.kv.num_pinned_blocks + new_blocks > self.limit_blocks:
-            raise PinBudgetError(
+            raise PrefixBudgetError(
                 f"pinning {len(hashes)} blocks would exceed the pin budget: "
                 f"{self.kv.num_pinned_blocks} of {self.limit_blocks} blocks are pinned"
             )

@@ -24,10 +24,8 @@ import contextlib
 import gc
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from modelyard.engine.client import EngineCoreClient, QueueItem
-from modelyard.engine.config import AdmissionConfig, EngineConfig
-from modelyard.engine.messages import DropLoRAs, EngineReady, LoRARequest, SchedulerStats
-from modelyard.engine.output_processor import (
+from modelyard.engine.client.core_client import EngineCoreClient, QueueItem
+from modelyard.engine.client.output_processor import (
     RequestState,
     check_prompt_length,
     check_token_ids,
@@ -36,13 +34,15 @@ from modelyard.engine.output_processor import (
     prompt_ids,
     render_chat,
 )
-from modelyard.engine.prefixes import EnginePrefixes, PrefixRegistry
-from modelyard.engine.protocol import (
+from modelyard.engine.client.prefixes import EnginePrefixes, PrefixRegistry
+from modelyard.engine.client.protocol import (
     EngineDeadError,
     EngineOverloadedError,
     RequestOutput,
     Tokenizer,
 )
+from modelyard.engine.config import AdmissionConfig, EngineConfig
+from modelyard.engine.messages import DropLoRAs, EngineReady, LoRARequest, SchedulerStats
 from modelyard.engine.sampling_params import SamplingParams
 
 #: Prompts longer than this many characters are tokenized in a thread.
@@ -128,7 +128,7 @@ class AsyncLLM:
 
     @property
     def prefixes(self) -> EnginePrefixes:
-        """This engine's pinned prefixes (CAG): pin, list, release (engine/prefixes.py)."""
+        """This engine's pinned prefixes (CAG): pin, list, release (engine/client/prefixes.py)."""
         if self._prefixes is None:
             ready = self._client.ready
             registry = PrefixRegistry(
@@ -253,7 +253,7 @@ class AsyncLLM:
 
 
 class OutputCollector:
-    """The output sink of one generate call (engine.client.OutputSink). Each EngineOutput is
+    """The output sink of one generate call (core_client.OutputSink). Each EngineOutput is
     processed when the reader task takes the step's message off the socket; the RequestOutputs
     the consumer has not taken yet are merged into one (output_processor.merge_outputs), so the
     consumer wakes at most once per step and a slow one gets fewer, larger updates. An error

@@ -9,8 +9,8 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from modelyard.engine.request import Request
-from modelyard.engine.scheduler_output import ScheduledRequest
+from modelyard.engine.core.request import Request
+from modelyard.engine.core.scheduler_output import ScheduledRequest
 
 
 @dataclass(order=True)

@@ -10,11 +10,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from modelyard.engine.block_hashes import BlockHash, prefix_cache_salt
 from modelyard.engine.messages import EngineRequest, FinishReason, LoRARequest
 from modelyard.engine.sampling_params import SamplingParams
-
-BlockHash = bytes
-"""Hash of one full KV block: a digest of (parent block's hash, the block's token ids)."""
 
 
 class RequestStatus(enum.Enum):
@@ -26,7 +24,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()  # EOS or a stop token id
     FINISHED_LENGTH = enum.auto()  # max_tokens or the context length
     FINISHED_ABORTED = enum.auto()  # aborted by the API process
-    FINISHED_ERROR = enum.auto()  # made its step fail (engine/isolation.py): failed alone
+    FINISHED_ERROR = enum.auto()  # made its step fail (engine/core/isolation.py): failed alone
 
     @property
     def is_finished(self) -> bool:
@@ -52,16 +50,6 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
     RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
-
-
-def prefix_cache_salt(lora: LoRARequest | None, cache_salt: str | None) -> bytes | None:
-    """The parent hash of a request's first KV block (None: unsalted, shared with every
-    request that starts alike). The adapter part keeps its pre-salt form, so adapter-only
-    hashes do not change."""
-    parts = [] if lora is None else [f"lora:{lora.adapter_id}:{lora.name}"]
-    if cache_salt is not None:
-        parts.append(f"salt:{len(cache_salt)}:{cache_salt}")
-    return "\n".join(parts).encode() if parts else None
 
 
 class Request:
@@ -98,7 +86,9 @@ class Request:
         self.stop_reason: int | None = None  # the stop token id that ended it, if one did
         self.num_preemptions = 0  # times this request lost its blocks
         self.lora = lora  # the adapter it runs with (None: the base model)
-        self.spec_k: int | None = None  # its speculative k (engine.spec_decode rule 5; None: k)
+        self.spec_k: int | None = (
+            None  # its speculative k (engine.core.spec_decode rule 5; None: k)
+        )
         self.spec_trials = (0.0, 0.0)  # rule 5: decayed counts of accepted and tried draft tokens
         # the prefix cache's salt: KV is only shared with requests of the same adapter
         # registration and the same cache_salt

@@ -1,7 +1,7 @@
 """A PEFT LoRA folder, read from disk and checked against the base model before any of it is kept.
 
 `read_adapter(lora, shapes, max_rank, dtype)` is the one reader: the API checks an adapter with
-it when `POST /v1/load_lora_adapter` registers one (api.lora), and runner.lora's LoRAManager
+it when `POST /v1/load_lora_adapter` registers one (api.lora), and runner.lora.manager's LoRAManager
 loads it with it on first use. Every way a folder can be wrong is a ValueError that names the
 adapter, the file and what is wrong, raised in this order:
 

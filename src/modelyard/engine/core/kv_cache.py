@@ -8,7 +8,7 @@ Prefix caching (vLLM v1 style):
 - Every FULL block whose KV is computed gets a hash of (parent block's hash, its token ids), so
   a hash names the whole prefix up to the end of that block, prompt or generated tokens alike.
   The first block's parent is the request's cache salt (its LoRA adapter and its
-  `cache_salt`: engine/request.py), so requests of different adapters or salts never share KV.
+  `cache_salt`: engine/core/request.py), so requests of different adapters or salts never share KV.
 - A new request looks up the hashes of its leading full blocks; hits are shared (ref count + 1)
   instead of recomputed. At least the last token is always left to compute, so the runner has
   logits to sample from.
@@ -25,19 +25,11 @@ Admissions whose prefix-cache hits include pinned blocks are counted as pinned h
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from modelyard.engine.request import BlockHash, Request
-
-
-def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """The hash of one full block: a 128-bit digest of the parent's hash and its token ids."""
-    digest = hashlib.blake2b(parent_hash or b"", digest_size=16)
-    digest.update(array("q", token_ids).tobytes())
-    return digest.digest()
+from modelyard.engine.block_hashes import BlockHash, hash_block_tokens
+from modelyard.engine.core.request import Request
 
 
 class KVCacheBlock:

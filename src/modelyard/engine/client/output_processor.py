@@ -6,7 +6,7 @@ ids; the server (`AsyncLLM`) and the offline `LLM` both wrap it with these steps
 2. fan-out: `n > 1` becomes n `EngineRequest`s `{request_id}-{i}` with the same prompt ids (the
    prefix cache shares their blocks) and seed + i when seeded; `n == 1` keeps the request id
    (`RequestState.engine_requests`);
-3. every `EngineOutput` is detokenized per completion (engine/detokenizer.py); a stop string ends
+3. every `EngineOutput` is detokenized per completion (client/detokenizer.py); a stop string ends
    its completion (the caller aborts it in the engine: `RequestState.stopped_by_string`), and
    `RequestState.process` turns the outputs of a step into one `RequestOutput` with the deltas
    of the completions that changed; the last one has finished=True;
@@ -23,15 +23,15 @@ from typing import Any, cast
 
 import msgspec
 
-from modelyard.engine.detokenizer import IncrementalDetokenizer
-from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason, LoRARequest
-from modelyard.engine.protocol import (
+from modelyard.engine.client.detokenizer import IncrementalDetokenizer
+from modelyard.engine.client.protocol import (
     CompletionDelta,
     PromptTooLongError,
     RequestMetrics,
     RequestOutput,
     Tokenizer,
 )
+from modelyard.engine.messages import EngineOutput, EngineRequest, FinishReason, LoRARequest
 from modelyard.engine.sampling_params import InvalidParamError, SamplingParams
 
 

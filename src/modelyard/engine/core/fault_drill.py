@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
+from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
 
 
 class PoisonError(RuntimeError):

@@ -1,4 +1,4 @@
-"""A request's EngineOutput for one step (engine.scheduler): its new tokens appended through
+"""A request's EngineOutput for one step (engine.core.scheduler): its new tokens appended through
 the stop checks, or the error that failed it.
 
 Stop checks, in order, on each new token: a stop token id, then EOS unless ignore_eos — both
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Set
 
+from modelyard.engine.core.request import Request, RequestStatus
 from modelyard.engine.messages import EngineOutput, FinishReason, TokenLogprobs
-from modelyard.engine.request import Request, RequestStatus
 
 
 def append_tokens(

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from modelyard.engine.scheduler_output import (
+from modelyard.engine.core.scheduler_output import (
     RunnerOutput,
     ScheduledRequest,
     SchedulerOutput,

@@ -1,6 +1,6 @@
 """The API-side face of an LLM engine: what route handlers and the manager program against.
 
-`AsyncLLM` (engine/async_llm.py) implements `LLMClient` over a worker process; tests use an
+`AsyncLLM` (engine/client/async_llm.py) implements `LLMClient` over a worker process; tests use an
 in-process fake with the same shape. Route handlers never see token-level wire messages: they get
 `RequestOutput`s with text deltas, stop strings already applied.
 """
@@ -136,7 +136,7 @@ class LLMClient(Protocol):
 
 
 class LoRAClient(LLMClient, Protocol):
-    """An engine client that serves LoRA adapters (engine.async_llm.AsyncLLM is one)."""
+    """An engine client that serves LoRA adapters (engine.client.async_llm.AsyncLLM is one)."""
 
     def generate(
         self,

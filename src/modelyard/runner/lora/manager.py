@@ -15,14 +15,14 @@ a group's n modules share their input x):
   (grouped by slot, weights never merged), base rows get exactly nothing. In float32 with the
   compiled kernels this is csrc/lora.cpp (its work split like the GEMMs', inside the step's
   thread team); otherwise torch ops per slot;
-- `LoRAManager` holds the adapters loaded from disk (read and checked by runner.lora_adapter;
+- `LoRAManager` holds the adapters loaded from disk (read and checked by runner.lora.adapter;
   least recently used dropped past `max_cpu_loras` or `max_cpu_lora_bytes`) and which one
   sits in which slot (a step's adapters get slots, evicting the least recently used adapters
   the step does not need). The scheduler admits at most `max_loras` different adapters among
   running requests, so a step always fits. The stacks are allocated with the model (their size
   is the price of LoRA capacity), so taking a slot only copies an adapter's matrices.
 
-The hooks (runner.lora_hooks: `LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections
+The hooks (runner.lora.hooks: `LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections
 in runner.models.llama; in a step without adapters (or on a layer no adapter targets) they run
 exactly the base model's kernels. With adapters, the float32 MLP runs gate/up as one GEMM on
 the fused SwiGLU's own packed weight, and csrc/lora.cpp adds the deltas and applies the
@@ -43,7 +43,7 @@ import torch
 from modelyard.engine.config import LoRAConfig
 from modelyard.engine.messages import LoRARequest
 from modelyard.runner import kernels
-from modelyard.runner.lora_adapter import Adapter, BaseShapes, read_adapter
+from modelyard.runner.lora.adapter import Adapter, BaseShapes, read_adapter
 
 #: projection group -> (PEFT module names in output order)
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -1,4 +1,4 @@
-"""The hooks that put a step's LoRA deltas on a Llama layer's projections (runner.lora holds
+"""The hooks that put a step's LoRA deltas on a Llama layer's projections (runner.lora.manager holds
 the adapters and computes the deltas; runner.models.llama wraps each layer with these)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from modelyard.runner import kernels
 from modelyard.runner.linear import Linear, int8_weights
-from modelyard.runner.lora import LoRAManager
+from modelyard.runner.lora.manager import LoRAManager
 
 
 class LoRAProjection:

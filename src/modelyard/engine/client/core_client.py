@@ -1,15 +1,15 @@
 """The API-process side of the engine worker: start it, send it requests, route its outputs.
 
-`EngineCoreClient.start(config)` starts `worker.run_engine_worker` in a fresh interpreter with
-the worker's own environment (`worker.WORKER_ENVIRONMENT`, passed to the child only) and waits
-for `EngineReady`. The process itself (reader, watchdog, stop ladder) is a
+`EngineCoreClient.start(config)` starts the engine worker (`worker_entry.worker_main`) in a fresh
+interpreter with the worker's own environment (`worker_entry.WORKER_ENVIRONMENT`, passed to the
+child only) and waits for `EngineReady`. The process itself (reader, watchdog, stop ladder) is a
 `transport.process.WorkerSupervisor`; this module adds what the messages mean:
 
 - every `EngineOutputs` is split into its `EngineOutput`s, each handed to the sink of its
   request as the message is read (outputs of unknown ids are dropped: the request was aborted
   or its consumer left); the latest `SchedulerStats` is kept. A sink is an asyncio.Queue, or
   any object with `put_nowait` (AsyncLLM's processes the output right there: one pass per
-  engine step on the reader task, engine/async_llm.py);
+  engine step on the reader task, engine/client/async_llm.py);
 - the worker sends at least one message every 0.5 s (a heartbeat when idle): after
   `heartbeat_timeout_s` of silence, or when the process exits, every in-flight request's queue
   receives an `EngineDeadError` and `is_alive` turns False.
@@ -21,8 +21,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from modelyard.engine.client.protocol import EngineDeadError
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import (
+    COMMAND_CODEC,
+    WORKER_MESSAGE_CODEC,
     AbortRequests,
     EngineCommand,
     EngineFailed,
@@ -37,13 +40,7 @@ from modelyard.engine.messages import (
     UnpinPrefixes,
     WorkerMessage,
 )
-from modelyard.engine.protocol import EngineDeadError
-from modelyard.engine.worker import (
-    COMMAND_CODEC,
-    WORKER_ENVIRONMENT,
-    WORKER_MESSAGE_CODEC,
-    run_engine_worker,
-)
+from modelyard.engine.worker_entry import WORKER_ENVIRONMENT, worker_main
 from modelyard.transport.base import AsyncConnection
 from modelyard.transport.process import (
     InFlight,
@@ -138,7 +135,7 @@ class EngineCoreClient:
         )
         try:
             process = await start_process(
-                run_engine_worker, (config, addresses), env=WORKER_ENVIRONMENT, name="engine"
+                worker_main, (config, addresses), env=WORKER_ENVIRONMENT, name="engine"
             )
         except BaseException:
             conn.close()
@@ -226,7 +223,7 @@ class EngineCoreClient:
             await self.worker.send(AbortRequests(request_ids=list(request_ids)))
 
     async def unpin_prefixes(self, prefix_ids: list[str]) -> None:
-        """Release pinned prefixes in the engine (engine/pins.py)."""
+        """Release pinned prefixes in the engine (engine/core/prefixes.py)."""
         self._check_alive()
         await self.worker.send(UnpinPrefixes(prefix_ids=list(prefix_ids)))
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from modelyard.engine.protocol import Tokenizer
+from modelyard.engine.client.protocol import Tokenizer
 from modelyard.engine.sampling_params import SamplingParams
 
 #: Prompt tokens kept as decoding context in front of the output (vLLM uses 5 too).

@@ -23,7 +23,7 @@ Pure CPU code behind two methods (vLLM v1 / nano-vllm shape):
   applies the stop checks and frees the blocks of finished requests at once (their ids go to
   the runner with the next batch).
 
-Speculative decoding (engine.spec_decode) stays inside this shape: in step 1 a decode may get
+Speculative decoding (engine.core.spec_decode) stays inside this shape: in step 1 a decode may get
 `num_spec_tokens` extra slots (if the policy allows and free blocks exist; never by
 preemption), counted in the token budget; `update` rolls back the rejected slots and appends the
 accepted tokens before the target's own, each through the stop checks.
@@ -32,10 +32,10 @@ Blocks enter the prefix cache when the tokens that fill them are scheduled (vLLM
 same), so n > 1 siblings admitted in one step share the prompt's blocks at once; the runner
 writes all new K/V of a step before attention reads the cache. A request preempted after it was
 put in the batch, or a batch that fails (`discard`, `fail_requests`), withdraws those entries
-again. `fail_requests` settles a batch that failed in part (engine/isolation.py): the requests
+again. `fail_requests` settles a batch that failed in part (engine/core/isolation.py): the requests
 that made it fail finish as ERROR, those that depended on them are preempted.
 
-The stop checks on each new token are engine.step_outputs'.
+The stop checks on each new token are engine.core.step_outputs'.
 
 The context length used here is min(max_model_len, num_blocks * block_size): a request that
 could never fit in the whole KV cache would otherwise wait forever.
@@ -48,13 +48,13 @@ import time
 from collections.abc import Iterable
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig
-from modelyard.engine.kv_cache import KVCacheManager
+from modelyard.engine.core.kv_cache import KVCacheManager
+from modelyard.engine.core.request import Request, RequestStatus
+from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput
+from modelyard.engine.core.scheduler_state import StepBatch, WaitingQueue
+from modelyard.engine.core.spec_decode import SpecDecodePolicy, SpecDecodeStats
+from modelyard.engine.core.step_outputs import append_tokens, error_output
 from modelyard.engine.messages import EngineOutput, EngineRequest, SchedulerStats
-from modelyard.engine.request import Request, RequestStatus
-from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput
-from modelyard.engine.scheduler_state import StepBatch, WaitingQueue
-from modelyard.engine.spec_decode import SpecDecodePolicy, SpecDecodeStats
-from modelyard.engine.step_outputs import append_tokens, error_output
 
 
 def _rank(request: Request) -> tuple[int, float, int]:
@@ -365,7 +365,7 @@ class Scheduler:
         errors: dict[str, str],
         recompute: Iterable[str] = (),
     ) -> list[EngineOutput]:
-        """Settle a batch that failed in part (engine/isolation.py). Each request in `errors`
+        """Settle a batch that failed in part (engine/core/isolation.py). Each request in `errors`
         made it fail: it finishes as ERROR, with one final output carrying the message. Each in
         `recompute` could not run (its KV depended on a failed one): it goes back to the
         waiting queue as if preempted. Either way the prefix-cache entries its KV of this step

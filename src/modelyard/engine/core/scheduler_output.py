@@ -9,7 +9,7 @@ For a request, the runner computes the KV of `token_ids` at positions
 `[start_position, start_position + len(token_ids))`, writes it into the slots given by
 `block_table`, and, when `sample` is true, samples one new token from the logits of the last
 position. A decode with `num_spec_tokens` > 0 may also carry proposed tokens, verified in the
-same forward (engine.spec_decode).
+same forward (engine.core.spec_decode).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ScheduledRequest:
     num_spec_tokens: int = 0
     """Speculative slots reserved after token_ids (a decode only): the runner may propose up
     to this many tokens, run them after token_ids at the next positions and verify them
-    (see engine.spec_decode). 0 = a plain step."""
+    (see engine.core.spec_decode). 0 = a plain step."""
 
 
 @dataclass(slots=True)

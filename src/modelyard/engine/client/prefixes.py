@@ -1,7 +1,8 @@
 """Pinned prefixes seen from the API process: the registry of one engine's pins.
 
 `AsyncLLM` owns one `PrefixRegistry` (it dies with the engine: a model unload releases every
-pin). The registry mirrors the worker's pins (engine/pins.py) closely enough to refuse early:
+pin). The registry mirrors the worker's pins (engine/core/prefixes.py) closely enough to
+refuse early:
 
 - `reserve` checks the pin budget with the same rule the worker applies (distinct full blocks
   of every live or pending pin, plus the new prefix's blocks not already counted, at most
@@ -25,7 +26,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from modelyard.engine.client import OutputQueue
+from modelyard.engine.block_hashes import BlockHash, block_hashes_of
+from modelyard.engine.client.core_client import OutputQueue
 from modelyard.engine.messages import (
     EngineOutput,
     EngineRequest,
@@ -33,8 +35,6 @@ from modelyard.engine.messages import (
     PinPrefix,
     SchedulerStats,
 )
-from modelyard.engine.pins import block_hashes_of
-from modelyard.engine.request import BlockHash
 
 #: Default and largest TTL of a pin, seconds.
 DEFAULT_PREFIX_TTL_S = 3600.0
@@ -212,7 +212,7 @@ class PrefixRegistry:
 
 
 class PinTransport(Protocol):
-    """The part of engine.client.EngineCoreClient that pinning uses (tests pass fakes)."""
+    """The part of core_client.EngineCoreClient that pinning uses (tests pass fakes)."""
 
     async def add_request(
         self, request: EngineRequest | PinPrefix, queue: OutputQueue | None = None

@@ -1,8 +1,9 @@
 """The engine worker process: builds the model runner and the engine core, then serves.
 
-`run_engine_worker` is the process entry (a top-level function: the client pickles it to a fresh
-interpreter, transport/spawn.py). It connects to the API process's IPC sockets, loads the model,
-sends `EngineReady` (or `EngineFailed` and exits 1), then runs `serve`:
+`run_engine_worker` is the process entry (the API process names it through
+engine/worker_entry.py and starts it in a fresh interpreter, transport/spawn.py). It connects
+to the API process's IPC sockets, loads the model, sends `EngineReady` (or `EngineFailed` and
+exits 1), then runs `serve`:
 
     drain every pending command (non-blocking; a PinPrefix queues the prefix's prefill,
     UnpinPrefixes releases pins), then release the pins whose TTL passed
@@ -12,9 +13,9 @@ sends `EngineReady` (or `EngineFailed` and exits 1), then runs `serve`:
     While a step runs, a pulse thread sends `Heartbeat`s (up to MAX_STEP_S into the step).
 
 `Shutdown` ends the loop with exit status 0. A request that makes a step fail fails alone
-(the core isolates it, engine/isolation.py). Should `core.step()` raise all the same, every live
-request gets a FinishReason.ERROR output and the worker keeps serving; an exception while doing
-that (or anything else unexpected) propagates and the process exits non-zero.
+(the core isolates it, engine/core/isolation.py). Should `core.step()` raise all the same,
+every live request gets a FinishReason.ERROR output and the worker keeps serving; an exception
+while doing that (or anything else unexpected) propagates and the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import psutil
 
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import (
+    COMMAND_CODEC,
+    WORKER_MESSAGE_CODEC,
     AbortRequests,
     DropLoRAs,
     EngineCommand,
@@ -50,7 +53,7 @@ from modelyard.engine.messages import (
     UnpinPrefixes,
     WorkerMessage,
 )
-from modelyard.transport.base import Codec, SyncConnection
+from modelyard.transport.base import SyncConnection
 from modelyard.transport.signals import ignore_group_signals
 from modelyard.transport.zmq_ipc import IpcAddresses, SyncZmqConnection
 
@@ -63,30 +66,11 @@ MAX_STEP_S = 600.0
 #: Longest block on the command socket while idle.
 IDLE_POLL_S = 0.05
 
-#: Environment the engine worker process starts with (a value the user set wins); the client
-#: passes it to the child only (transport/spawn.py). docs/benchmarks.md has the measurements.
-#: - OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep at barriers instead of spinning; the API
-#:   process, the engine and other workers share a few cores, and spinning threads starve them.
-#: - GLIBC_TUNABLES (read by glibc before Python starts): freed tensors stay in malloc's heap, so
-#:   the next step's same-sized tensors do not page-fault afresh (the worker's RSS stays at its
-#:   peak, as with tcmalloc); `hugetlb=1` asks for transparent huge pages on that heap, so decode
-#:   attention, which reads the KV cache in blocks scattered over a GiB, misses the TLB less.
-WORKER_ENVIRONMENT = {
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "GLIBC_TUNABLES": (
-        "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296"
-        ":glibc.malloc.trim_threshold=17179869184"
-    ),
-}
-
-COMMAND_CODEC: Codec[EngineCommand] = Codec(EngineCommand)
-WORKER_MESSAGE_CODEC: Codec[WorkerMessage] = Codec(WorkerMessage)
-
 WorkerConnection = SyncConnection[WorkerMessage, EngineCommand]
 
 
 class Core(Protocol):
-    """What the loop needs from engine.core.EngineCore (tests pass fakes)."""
+    """What the loop needs from engine.core.engine_core.EngineCore (tests pass fakes)."""
 
     def add_request(self, request: EngineRequest) -> None: ...
 
@@ -134,8 +118,8 @@ def run_engine_worker(config: EngineConfig, addresses: IpcAddresses) -> None:
 
 
 def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
-    from modelyard.engine.core import EngineCore
-    from modelyard.engine.fault_drill import with_poison
+    from modelyard.engine.core.engine_core import EngineCore
+    from modelyard.engine.core.fault_drill import with_poison
     from modelyard.runner.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.speculative, config.lora)
@@ -150,7 +134,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
         implementation=str(getattr(runner, "implementation", config.model.implementation)),
         rss_bytes=psutil.Process().memory_info().rss,
         vocab_size=runner.vocab_size,
-        max_pinned_blocks=core.pins.limit_blocks,
+        max_pinned_blocks=core.prefixes.limit_blocks,
     )
     return core, ready
 

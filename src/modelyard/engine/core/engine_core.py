@@ -1,13 +1,13 @@
 """The engine core: one step is schedule -> execute -> update.
 
 `EngineCore` knows nothing about processes, sockets or text: the worker process
-(engine/worker.py) feeds it requests and aborts between steps and ships what `step()` returns.
+(engine/core/worker.py) feeds it requests and aborts between steps and ships what `step()` returns.
 Everything here runs on one thread; no method blocks except `step()` while the model runs.
 
-A step whose execution raises fails only the requests that make it fail (engine/isolation.py
+A step whose execution raises fails only the requests that make it fail (engine/core/isolation.py
 finds them); the rest of the batch gets its tokens as if nothing had happened.
 
-Pinned prefixes (engine/pins.py) ride on the same step: a pin's prefill is an ordinary
+Pinned prefixes (engine/core/prefixes.py) ride on the same step: a pin's prefill is an ordinary
 request, pinned when its output passes through `step()`.
 """
 
@@ -21,7 +21,11 @@ from typing import Protocol
 import msgspec
 
 from modelyard.engine.config import EngineConfig
-from modelyard.engine.isolation import isolate_failure
+from modelyard.engine.core.isolation import isolate_failure
+from modelyard.engine.core.prefixes import PrefixPins, pin_limit_blocks
+from modelyard.engine.core.scheduler import Scheduler
+from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
+from modelyard.engine.core.spec_decode import SpecDecodePolicy
 from modelyard.engine.messages import (
     EngineOutput,
     EngineRequest,
@@ -29,10 +33,6 @@ from modelyard.engine.messages import (
     PinPrefix,
     SchedulerStats,
 )
-from modelyard.engine.pins import PrefixPins, pin_limit_blocks
-from modelyard.engine.scheduler import Scheduler
-from modelyard.engine.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
-from modelyard.engine.spec_decode import SpecDecodePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class EngineCore:
             self.scheduler.max_model_len,
             config.cache.max_pinned_fraction,
         )
-        self.pins = PrefixPins(kv, limit, clock)
+        self.prefixes = PrefixPins(kv, limit, clock)
         self.num_computed_tokens = 0  # cumulative tokens run through the model
 
     def add_request(self, request: EngineRequest) -> None:
@@ -103,25 +103,25 @@ class EngineCore:
         """Drop these requests; their KV blocks are free before the next step."""
         request_ids = list(request_ids)
         self.scheduler.abort_requests(request_ids)
-        self.pins.abandon(request_ids)
+        self.prefixes.abandon(request_ids)
 
     def pin_prefix(self, command: PinPrefix) -> None:
         """Queue the prefill of a prefix to pin; its request's last output says how it went.
-        PinBudgetError (a ValueError) over the pin budget, ValueError when it can never run."""
-        request = self.pins.start(command)
+        PrefixBudgetError (a ValueError) over the pin budget, ValueError when it can never run."""
+        request = self.prefixes.start(command)
         try:
             self.scheduler.add_request(request)
         except BaseException:
-            self.pins.abandon([request.request_id])
+            self.prefixes.abandon([request.request_id])
             raise
 
     def unpin_prefixes(self, prefix_ids: Iterable[str]) -> None:
         """Release these pins now (unknown ids are ignored)."""
-        self.pins.unpin(list(prefix_ids))
+        self.prefixes.unpin(list(prefix_ids))
 
     def expire_pins(self) -> None:
         """Release the pins whose TTL has passed (the worker loop calls this every turn)."""
-        self.pins.expire()
+        self.prefixes.expire()
 
     def step(self) -> list[EngineOutput]:
         """Run one batch; one output per request that got a token or failed. [] when nothing
@@ -139,13 +139,13 @@ class EngineCore:
             raise
         self.num_computed_tokens += scheduler_output.num_batched_tokens
         outputs = failed + self.scheduler.update(scheduler_output, runner_output)
-        return [self.pins.finish(output) for output in outputs]
+        return [self.prefixes.finish(output) for output in outputs]
 
     def _isolate(
         self, scheduler_output: SchedulerOutput, exc: Exception
     ) -> tuple[RunnerOutput, list[EngineOutput]]:
         """The batch raised: re-run it in smaller groups to fail only the requests that make
-        it fail (engine/isolation.py). (tokens of the rest, error outputs of the culprits)"""
+        it fail (engine/core/isolation.py). (tokens of the rest, error outputs of the culprits)"""
         logger.exception("engine step failed; isolating the requests that make it fail")
         block_size = self.config.cache.block_size
         isolated = isolate_failure(self.runner, scheduler_output, exc, block_size)
@@ -161,9 +161,9 @@ class EngineCore:
             self.scheduler.stats(),
             num_computed_tokens=self.num_computed_tokens,
             num_pinned_blocks=kv.num_pinned_blocks,
-            num_pinned_prefixes=len(self.pins),
+            num_pinned_prefixes=len(self.prefixes),
             pinned_prefix_hits=kv.pinned_hits,
-            prefix_hits=self.pins.hits(),
+            prefix_hits=self.prefixes.hits(),
         )
         if self._lora is not None:
             self._lora.fill_lora_stats(stats)

@@ -47,10 +47,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from modelyard.engine.config import SpeculativeConfig
-from modelyard.engine.kv_cache import KVCacheManager
+from modelyard.engine.core.kv_cache import KVCacheManager
+from modelyard.engine.core.request import Request
+from modelyard.engine.core.scheduler_output import DraftResult, ScheduledRequest
 from modelyard.engine.messages import SchedulerStats
-from modelyard.engine.request import Request
-from modelyard.engine.scheduler_output import DraftResult, ScheduledRequest
 
 ROW_COST = 0.025
 """A verified row's cost as a share of a one-row decode step (rule 5): a step of 1 + 8 rows
