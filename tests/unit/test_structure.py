@@ -1,6 +1,7 @@
 """The source tree keeps its shape: no import circles between modules (imports inside functions
-count), no module much past 400 lines (the C++ kernels too), every test module marked with its
-layer."""
+count), the engine's process split (engine/client never imports engine/core or runner, and
+neither of those imports engine/client), no module much past 400 lines (the C++ kernels too),
+every test module marked with its layer."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ MAX_MODULE_LINES = 400
 LAYERS = ("pytest.mark.unit", "pytest.mark.integration", "pytest.mark.e2e")
 # Known exceptions, each to be removed by the change that fixes it.
 KNOWN_LARGE: set[Path] = set()
+#: (importer, imported) package pairs that must have no import between them: the engine's API
+#: process side (engine/client) and its worker side (engine/core, and the runner it builds)
+#: share only the wire types at engine/ top level.
+FORBIDDEN_IMPORTS = (
+    ("modelyard.engine.client", "modelyard.engine.core"),
+    ("modelyard.engine.client", "modelyard.runner"),
+    ("modelyard.engine.core", "modelyard.engine.client"),
+    ("modelyard.runner", "modelyard.engine.client"),
+)
 
 
 def _module_name(path: Path) -> str:
@@ -79,8 +89,35 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circles() -> None:
     graph = _import_graph()
-    assert "modelyard.engine.core" in graph  # the walk found the tree
+    assert "modelyard.engine.core.engine_core" in graph  # the walk found the tree
     assert _cycles(graph) == []
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{importer} -> {imported}"
+        for importer, targets in graph.items()
+        for imported in targets
+        for outer, inner in FORBIDDEN_IMPORTS
+        if _inside(importer, outer) and _inside(imported, inner)
+    )
+
+
+def test_the_engine_sides_import_only_the_wire_types_of_each_other() -> None:
+    graph = _import_graph()
+    assert {"modelyard.engine.client.async_llm", "modelyard.engine.core.worker"} <= set(graph)
+    assert _forbidden_imports(graph) == []
+
+
+def test_forbidden_import_finder_finds_one() -> None:
+    graph = {"modelyard.runner.sampler": {"modelyard.engine.client.protocol"}}
+    assert _forbidden_imports(graph) == [
+        "modelyard.runner.sampler -> modelyard.engine.client.protocol"
+    ]
 
 
 def test_cycle_finder_finds_a_circle() -> None:
