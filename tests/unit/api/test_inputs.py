@@ -1,17 +1,14 @@
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from modelyard.api.inputs import decode_image_input, items_for_kind
 from modelyard.api.kserve_format import outputs_to_tensors, parse_infer_body
-from modelyard.backends import create_backend
 from modelyard.backends.base import ranked
-from modelyard.backends.tensors import from_numpy, to_numpy
-from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.model_spec import ModelKind
 
 pytestmark = pytest.mark.unit
 
@@ -53,15 +50,6 @@ def test_items_per_kind() -> None:
         items_for_kind(ModelKind.EMBEDDING, ["x"] * 1000)
 
 
-def test_tensors_round_trip_and_validate() -> None:
-    array = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert np.array_equal(to_numpy(from_numpy(array)), array)
-    with pytest.raises(ValueError, match="does not match"):
-        to_numpy({"shape": [4], "datatype": "FP32", "data": [1, 2]})
-    with pytest.raises(ValueError, match="datatype"):
-        to_numpy({"shape": [1], "datatype": "FP99", "data": [1]})
-
-
 def test_binary_tensor_extension_is_parsed() -> None:
     values = np.array([1.5, -2.0], dtype="<f4").tobytes()
     strings = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"xyz"))
@@ -86,15 +74,6 @@ def test_classification_outputs_become_label_and_score_tensors() -> None:
     assert label["data"] == ["b", "c", "a", "b"]
     assert label["shape"] == [2, 2]
     assert score["data"] == pytest.approx([0.7, 0.2, 0.5, 0.4])
-
-
-def test_backend_choice_is_one_function() -> None:
-    spec = ModelSpec(id="e", kind=ModelKind.EMBEDDING, backend="echo")
-    backend = create_backend(spec)
-    backend.load()
-    assert backend.infer([backend.preprocess("a b", {})], {}) == [[3.0, 2.0]]
-    with pytest.raises(ValueError, match="unknown backend"):
-        create_backend(ModelSpec(id="x", backend="nope"))
 
 
 def _binary_body(header: bytes, payload: bytes) -> tuple[bytes, str]:
@@ -186,36 +165,3 @@ def test_every_kserve_field_is_type_checked(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         parse_infer_body(body, header_length)
-
-
-def test_tensor_values_outside_their_datatype_are_bad_input() -> None:
-    with pytest.raises(ValueError, match="does not match"):
-        to_numpy({"shape": [1], "datatype": "INT8", "data": [1000]})
-    with pytest.raises(ValueError, match="too large"):
-        to_numpy({"shape": [2**40, 2**40], "datatype": "FP32", "data": []})
-
-
-def test_onnx_tensors_must_fit_the_models_inputs(tmp_path: Path) -> None:
-    """A tensor of the wrong datatype or rank is bad input at preprocess, before it can make
-    the session call of its whole batch fail."""
-    from onnx import TensorProto, helper, save
-
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    save(model, tmp_path / "relu.onnx")
-    backend = create_backend(
-        ModelSpec(id="t", kind=ModelKind.TENSOR, backend="onnx", source=str(tmp_path / "relu.onnx"))
-    )
-    backend.load()
-    good = {"x": {"shape": [2], "datatype": "FP32", "data": [-1.0, 2.0]}}
-    assert backend.infer([backend.preprocess(good, {})], {})[0]["y"]["data"] == [0.0, 2.0]
-    with pytest.raises(ValueError, match="must be FP32"):
-        backend.preprocess({"x": {**good["x"], "datatype": "FP64"}}, {})
-    with pytest.raises(ValueError, match="shape"):
-        backend.preprocess({"x": {"shape": [1, 2], "datatype": "FP32", "data": [1, 2]}}, {})

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fake_engine import FakeCore, start_fake_client
 from tiny_tokenizer import build_tokenizer
 
+from fakes.engine import FakeCore, start_fake_client
 from modelyard.engine.client.async_llm import AsyncLLM
 from modelyard.engine.client.prefixes import PrefixBudgetError, PrefixPinError, PrefixRegistry
 

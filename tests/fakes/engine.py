@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass, field
 
 from modelyard.engine.client.core_client import EngineCoreClient
-from modelyard.engine.core.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
+from modelyard.engine.core.worker import serve
 from modelyard.engine.messages import (
+    COMMAND_CODEC,
+    WORKER_MESSAGE_CODEC,
     EngineOutput,
     EngineReady,
     EngineRequest,

@@ -2,8 +2,8 @@ import asyncio
 import time
 
 import pytest
-from fake_engine import FakeCore, start_fake_client
 
+from fakes.engine import FakeCore, start_fake_client
 from modelyard.engine.client.protocol import EngineDeadError
 from modelyard.engine.core import worker as worker_module
 from modelyard.engine.messages import EngineRequest, FinishReason

@@ -2,9 +2,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_engine import FakeCore, ThreadWorker, start_fake_client
 from tiny_tokenizer import build_tokenizer
 
+from fakes.engine import FakeCore, ThreadWorker, start_fake_client
 from modelyard.engine.client.async_llm import AsyncLLM
 from modelyard.engine.client.protocol import (
     EngineDeadError,

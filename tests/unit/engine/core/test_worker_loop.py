@@ -2,10 +2,12 @@ import threading
 import time
 
 import pytest
-from fake_engine import FakeCore
 
-from modelyard.engine.core.worker import COMMAND_CODEC, WORKER_MESSAGE_CODEC, serve
+from fakes.engine import FakeCore
+from modelyard.engine.core.worker import serve
 from modelyard.engine.messages import (
+    COMMAND_CODEC,
+    WORKER_MESSAGE_CODEC,
     AbortRequests,
     EngineOutputs,
     EngineRequest,

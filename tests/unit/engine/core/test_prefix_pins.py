@@ -4,7 +4,7 @@ driven with test_core's FakeKVRunner (which checks every KV slot a step reads)."
 from __future__ import annotations
 
 import pytest
-from test_core import BS, FakeKVRunner, make_request
+from test_engine_core import BS, FakeKVRunner, make_request
 
 from modelyard.engine.block_hashes import block_hashes_of
 from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
