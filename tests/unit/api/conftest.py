@@ -1,4 +1,4 @@
-"""Fixtures of the API unit tests (fakes live in api_fakes.py)."""
+"""Fixtures of the API unit tests (the fakes live in tests/fakes/)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from api_fakes import FakeLLM, FakeProvider, make_client
+from api_helpers import make_client
 
+from fakes.llm import FakeLLM
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from api_fakes import FakeLLM, FakeProvider, make_client
+from api_helpers import make_client
 
+from fakes.llm import FakeLLM
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig, config_from_mapping
 

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_fakes import FakeLLM, FakeProvider, make_client
+from api_helpers import make_client
 from fastapi import APIRouter, FastAPI
 
+from fakes.llm import FakeLLM
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.api.routes.console import UI_ROOT, _serves, models_with_state
 from modelyard.config import ModelyardConfig, config_from_mapping

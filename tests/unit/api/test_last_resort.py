@@ -14,13 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import FakeLLM, FakeProvider
 from fastapi import FastAPI
 from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.middleware import Middleware
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from fakes.llm import FakeLLM
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig
 from modelyard.gateway.request_path import admit_request

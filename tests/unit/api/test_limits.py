@@ -8,8 +8,9 @@ import time
 
 import httpx
 import pytest
-from api_fakes import FakeProvider, make_client
+from api_helpers import make_client
 
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.api.limits import json_body_problem
 from modelyard.config import ModelyardConfig, ServerConfig

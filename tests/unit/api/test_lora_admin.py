@@ -14,9 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_fakes import FakeLLM, make_client
-from path_fakes import CatalogProvider
+from api_helpers import make_client
 
+from fakes.llm import FakeLLM
+from fakes.models import CatalogProvider
 from lora_helpers import MALFORMED, make_adapter, malformed_adapters, tiny_llama
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig, ServerConfig

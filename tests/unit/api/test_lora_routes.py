@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from api_fakes import FakeLLM, make_client
-from path_fakes import CatalogProvider, MemoryKeys, path_app
+from api_helpers import make_client, path_app
 
+from fakes.llm import FakeLLM
+from fakes.models import CatalogProvider, MemoryKeys
 from modelyard.manager.base import ModelKind
 from modelyard.manager.catalog import Catalog, ModelSpec
 

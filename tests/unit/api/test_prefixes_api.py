@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-from api_fakes import CharTokenizer, FakeLLM, FakeProvider, make_client
+from api_helpers import make_client
 
+from fakes.llm import CharTokenizer, FakeLLM
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.api.routes.prefixes import PrefixDirectory, visible
 from modelyard.config import ModelyardConfig

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from api_fakes import FakeProvider
 from starlette.routing import Match
 
 import modelyard
+from fakes.models import FakeProvider
 from modelyard import cli
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig

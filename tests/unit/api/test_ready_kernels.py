@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from api_fakes import FakeProvider, make_client
+from api_helpers import make_client
 
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig
 from modelyard.runner.kernel_config import KernelState

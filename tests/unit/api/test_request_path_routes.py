@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import make_client
-from path_fakes import CatalogProvider, FakePredictor, MemoryKeys, path_app
+from api_helpers import make_client, path_app
 
+from fakes.models import CatalogProvider, FakePredictor, MemoryKeys
 from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit

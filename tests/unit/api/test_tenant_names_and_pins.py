@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import make_client
-from path_fakes import CatalogProvider, MemoryKeys, path_app
+from api_helpers import make_client, path_app
 from test_prefixes_api import PinLLM
 
+from fakes.models import CatalogProvider, MemoryKeys
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig
 from modelyard.engine.client.protocol import RequestOutput

@@ -8,8 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import FakeLLM, FakeProvider, make_client
+from api_helpers import make_client
 
+from fakes.llm import FakeLLM
+from fakes.models import FakeProvider
 from modelyard.api.app import build_app
 from modelyard.api.streaming import parse_sse
 from modelyard.config import ModelyardConfig, ServerConfig

@@ -12,11 +12,9 @@ what it saw: served model, tenant, priority, key id, targets, estimated tokens.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from fakes.models import GatewayModels
 from modelyard.api.errors import install_exception_handlers
 from modelyard.gateway.admin import router as admin_router
 from modelyard.gateway.base import PRINCIPAL_SCOPE_KEY, USAGE_SCOPE_KEY, Principal, RequestUsage
@@ -41,8 +40,6 @@ from modelyard.gateway.request_path import (
     runs_model,
 )
 from modelyard.gateway.router import build_router
-from modelyard.manager.base import ModelLoadError
-from modelyard.model_spec import ModelKind, ModelSpec
 
 ISSUER = "https://idp.test"
 AUDIENCE = "modelyard"
@@ -84,37 +81,6 @@ def write_jwks(path: Path, *signers: RsaSigner) -> Path:
     return path
 
 
-class FakeModels:
-    """A provider whose every model is a chat LLM, except names starting with `embed`."""
-
-    def __init__(self, down: set[str]) -> None:
-        self.down = down  # models whose load fails
-
-    def spec(self, name: str) -> ModelSpec:
-        kind = ModelKind.EMBEDDING if name.startswith("embed") else ModelKind.CHAT
-        return ModelSpec(id=name, kind=kind)
-
-    @contextlib.asynccontextmanager
-    async def lease(self, name: str) -> AsyncIterator[FakeLease]:
-        if name in self.down:
-            raise ModelLoadError(f"{name} is down")
-        yield FakeLease(self.spec(name))
-
-    def describe(self) -> dict[str, Any]:
-        return {"available_models": [], "loaded_models": []}
-
-    async def close(self) -> None:
-        return None
-
-
-class FakeLease:
-    def __init__(self, spec: ModelSpec) -> None:
-        self.model_id, self.kind = spec.id, spec.kind
-        self.llm: Any = None
-        self.predictor: Any = None
-        self.metadata: dict[str, Any] = {}
-
-
 def build_fake_app(
     config: GatewayConfig, *, gateway: Gateway | None = None, **parts: Any
 ) -> FastAPI:
@@ -127,7 +93,7 @@ def build_fake_app(
     install_exception_handlers(app)
     app.state.router = build_router(config)
     app.state.down = set()
-    models = FakeModels(app.state.down)
+    models = GatewayModels(app.state.down)
     app.state.request_path = RequestPath(models, app.state.router, timeout_s=30)  # type: ignore[arg-type]
     app.include_router(admin_router)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from fakes.llm import FakeLLM
 from modelyard.engine.config import AdmissionConfig
-from modelyard.engine.messages import SchedulerStats
 from modelyard.manager.catalog import Catalog
 from modelyard.manager.config import ManagerConfig
 from modelyard.manager.loaders import LLMModel, engine_config_for
@@ -19,26 +19,12 @@ pytestmark = pytest.mark.unit
 MB = 1024 * 1024
 
 
-class FakeLLM:
-    model_name = "chat"
-    is_alive = True
-
-    def __init__(self) -> None:
-        self.shut = False
-
-    def stats(self) -> SchedulerStats:
-        return SchedulerStats(num_blocks=64, num_free_blocks=60, kv_cache_usage=4 / 64)
-
-    async def shutdown(self) -> None:
-        self.shut = True
-
-
 class FakeLLMLoader:
     def __init__(self) -> None:
         self.llms: list[FakeLLM] = []
 
     async def load(self, spec: ModelSpec) -> Any:
-        llm = FakeLLM()
+        llm = FakeLLM(name=spec.id)
         self.llms.append(llm)
         return LLMModel(llm=llm, metadata={}, kind=spec.kind)  # type: ignore[arg-type]
 
@@ -68,7 +54,7 @@ async def test_lease_gives_the_engine_and_describe_shows_its_stats() -> None:
         with pytest.raises(TypeError):
             _ = lease.predictor
     (loaded,) = manager.describe()["loaded_models"]
-    assert loaded["engine"]["num_free_blocks"] == 60
+    assert loaded["engine"]["num_free_blocks"] == loader.llms[0].stats().num_free_blocks == 10
     assert manager.engine_stats() == {"chat": loader.llms[0].stats()}
     await manager.close()
     assert loader.llms[0].shut

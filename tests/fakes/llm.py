@@ -1,14 +1,10 @@
-"""In-process fakes for the API tests: a scripted LLMClient and a provider of them."""
+"""A scripted in-process LLMClient (`FakeLLM`) and its one-character-per-token tokenizer."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
 
 from modelyard.engine.client.protocol import (
     CompletionDelta,
@@ -19,8 +15,6 @@ from modelyard.engine.client.protocol import (
 )
 from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.manager.base import ModelNotFoundError
-from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class CharTokenizer:
@@ -62,6 +56,7 @@ class FakeLLM:
     closed_early: list[str] = field(default_factory=list)
     dropped_loras: list[str] = field(default_factory=list)
     live: set[str] = field(default_factory=set)
+    shut: bool = False  # shutdown() was called
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -91,7 +86,7 @@ class FakeLLM:
         self.aborted.append(request_id)
 
     async def shutdown(self) -> None:
-        return None
+        self.shut = True
 
     def generate(
         self,
@@ -183,68 +178,3 @@ class FakeLLM:
             self.live.discard(request_id)
             if not finished:
                 self.closed_early.append(request_id)
-
-
-@dataclass
-class FakeLease:
-    model_id: str
-    llm_client: FakeLLM
-
-    @property
-    def kind(self) -> ModelKind:
-        return ModelKind.CHAT
-
-    @property
-    def llm(self) -> FakeLLM:
-        return self.llm_client
-
-    @property
-    def predictor(self) -> Any:
-        raise TypeError("LLM")
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {}
-
-
-class FakeProvider:
-    def __init__(self, models: dict[str, FakeLLM], unavailable: set[str] | None = None) -> None:
-        self.models = models
-        self.unavailable = unavailable or set()
-        self.leased: list[str] = []
-        self.active = 0
-        self.closed = False
-
-    @contextlib.asynccontextmanager
-    async def lease(self, name: str) -> AsyncIterator[FakeLease]:
-        from modelyard.manager.base import ModelUnavailableError
-
-        if name not in self.models:
-            raise ModelNotFoundError(f"model {name!r} not found")
-        if name in self.unavailable:
-            raise ModelUnavailableError("no memory", retry_after_s=3.0)
-        self.leased.append(name)
-        self.active += 1
-        try:
-            yield FakeLease(name, self.models[name])
-        finally:
-            self.active -= 1
-
-    def spec(self, name: str) -> ModelSpec:
-        if name not in self.models:
-            raise ModelNotFoundError(f"model {name!r} not found")
-        return ModelSpec(id=name, kind=ModelKind.CHAT, backend="llm")
-
-    def engine_stats(self) -> dict[str, SchedulerStats]:
-        return {name: llm.stats() for name, llm in self.models.items()}
-
-    def describe(self) -> dict[str, Any]:
-        return {"available_models": [{"id": k} for k in self.models], "loaded_models": []}
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-def make_client(app: Any) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://test")

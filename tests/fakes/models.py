@@ -1,5 +1,7 @@
-"""Fakes for the request-path tests: a catalog provider of fake LLMs and fake predictors, an
-in-memory key store, and an app over them with the real gateway in front."""
+"""Fake model providers and what they lease, for tests that run no model: `FakeProvider` (fake
+LLMs by name), `CatalogProvider` (a catalog of fake LLMs and predictors, with aliases, failures
+and load/unload), `GatewayModels` (any name is a model, for the gateway tests), one `FakeLease`,
+`FakePredictor`, and an in-memory key store `MemoryKeys`."""
 
 from __future__ import annotations
 
@@ -8,15 +10,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from api_fakes import FakeLLM
-
-from modelyard.api.app import build_app
-from modelyard.config import ModelyardConfig
+from fakes.llm import FakeLLM
 from modelyard.engine.messages import SchedulerStats
-from modelyard.gateway.config import GatewayConfig
-from modelyard.gateway.gateway import build_gateway
 from modelyard.gateway.keys import KeyRecord, hash_key, new_record
-from modelyard.manager.base import ModelLoadError, ModelNotFoundError
+from modelyard.manager.base import ModelLoadError, ModelNotFoundError, ModelUnavailableError
 from modelyard.model_spec import ModelKind, ModelSpec
 
 TENSOR_METADATA = {
@@ -45,9 +42,12 @@ class FakePredictor:
 
 
 @dataclass
-class FakeModelLease:
+class FakeLease:
+    """A lease of `spec`'s model: an LLM or a predictor (asking for the other kind raises
+    TypeError, as the manager's lease does), or None where the test runs no model."""
+
     spec: ModelSpec
-    model: FakeLLM | FakePredictor
+    model: FakeLLM | FakePredictor | None = None
 
     @property
     def model_id(self) -> str:
@@ -59,7 +59,7 @@ class FakeModelLease:
 
     @property
     def llm(self) -> Any:
-        if not isinstance(self.model, FakeLLM):
+        if isinstance(self.model, FakePredictor):
             raise TypeError("not an LLM")
         return self.model
 
@@ -72,6 +72,42 @@ class FakeModelLease:
     @property
     def metadata(self) -> dict[str, Any]:
         return TENSOR_METADATA if self.spec.kind == ModelKind.TENSOR else {}
+
+
+class FakeProvider:
+    def __init__(self, models: dict[str, FakeLLM], unavailable: set[str] | None = None) -> None:
+        self.models = models
+        self.unavailable = unavailable or set()
+        self.leased: list[str] = []
+        self.active = 0
+        self.closed = False
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str) -> AsyncIterator[FakeLease]:
+        if name not in self.models:
+            raise ModelNotFoundError(f"model {name!r} not found")
+        if name in self.unavailable:
+            raise ModelUnavailableError("no memory", retry_after_s=3.0)
+        self.leased.append(name)
+        self.active += 1
+        try:
+            yield FakeLease(self.spec(name), self.models[name])
+        finally:
+            self.active -= 1
+
+    def spec(self, name: str) -> ModelSpec:
+        if name not in self.models:
+            raise ModelNotFoundError(f"model {name!r} not found")
+        return ModelSpec(id=name, kind=ModelKind.CHAT, backend="llm")
+
+    def engine_stats(self) -> dict[str, SchedulerStats]:
+        return {name: llm.stats() for name, llm in self.models.items()}
+
+    def describe(self) -> dict[str, Any]:
+        return {"available_models": [{"id": k} for k in self.models], "loaded_models": []}
+
+    async def close(self) -> None:
+        self.closed = True
 
 
 class CatalogProvider:
@@ -95,7 +131,7 @@ class CatalogProvider:
         raise ModelNotFoundError(f"model {name!r} not found")
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: str) -> AsyncIterator[FakeModelLease]:
+    async def lease(self, name: str) -> AsyncIterator[FakeLease]:
         spec = self.spec(name)
         if spec.id in self.failing:
             raise ModelLoadError(f"{spec.id}: weights not found")
@@ -103,7 +139,7 @@ class CatalogProvider:
         self.loaded.add(spec.id)
         self.active += 1
         try:
-            yield FakeModelLease(spec, self.models[spec.id])
+            yield FakeLease(spec, self.models[spec.id])
         finally:
             self.active -= 1
 
@@ -149,6 +185,29 @@ class CatalogProvider:
         return None
 
 
+class GatewayModels:
+    """A provider whose every model is a chat LLM, except names starting with `embed`."""
+
+    def __init__(self, down: set[str]) -> None:
+        self.down = down  # models whose load fails
+
+    def spec(self, name: str) -> ModelSpec:
+        kind = ModelKind.EMBEDDING if name.startswith("embed") else ModelKind.CHAT
+        return ModelSpec(id=name, kind=kind)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str) -> AsyncIterator[FakeLease]:
+        if name in self.down:
+            raise ModelLoadError(f"{name} is down")
+        yield FakeLease(self.spec(name))
+
+    def describe(self) -> dict[str, Any]:
+        return {"available_models": [], "loaded_models": []}
+
+    async def close(self) -> None:
+        return None
+
+
 class MemoryKeys:
     """In-memory KeyStore."""
 
@@ -174,10 +233,3 @@ class MemoryKeys:
         key, record = new_record(tenant, **settings)
         self.add(record)
         return {"authorization": f"Bearer {key}"}
-
-
-def path_app(provider: CatalogProvider, keys: MemoryKeys, gateway: dict[str, Any]) -> Any:
-    """The real app (routes, gateway, request path) over the fakes, auth on."""
-    config = ModelyardConfig(gateway=GatewayConfig.from_dict(gateway))
-    parts = build_gateway(config.gateway, key_store=keys, auth=True)
-    return build_app(provider, config, gateway=parts)  # type: ignore[arg-type]
