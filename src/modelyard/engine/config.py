@@ -37,10 +37,6 @@ class ModelConfig:
     """on: a model given as a GGUF file keeps the file's Q4_1 / Q8_0 blocks for its linear
     layers instead of its float32 conversion's weights (runner.gguf_weights); auto: as
     MODELYARD_WEIGHTS says (gguf: on)."""
-    poison_token_ids: tuple[int, ...] = ()
-    """Fault drill for the isolation tests (engine/core/fault_drill.py): a step whose batch holds
-    one of these token ids raises in the runner, as a request that passed every check could.
-    Empty in service."""
 
     def __post_init__(self) -> None:
         check_fields(self)

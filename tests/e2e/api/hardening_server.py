@@ -1,7 +1,7 @@
 """A real `modelyard serve` with the gateway on, for the hardening tests (isolation, bad input,
-fuzzing): SmolLM2 with the engine's fault drill (a poison token id that fails in the runner),
-EfficientNet-Lite0 with dynamic batching, and an echo embedder whose `fail_on` text makes its
-batch's backend call raise. Keys for two tenants and an admin are made here."""
+fuzzing): SmolLM2 under the fault drill (tests/fault_drill.py: a poison token id fails in the
+runner), EfficientNet-Lite0 with dynamic batching, and an echo embedder whose `fail_on` text
+makes its batch's backend call raise. Keys for two tenants and an admin are made here."""
 
 from __future__ import annotations
 
@@ -25,17 +25,23 @@ BATCH_FAIL_TEXT = "poison pill"
 MAX_N_TOKENS = 32
 READY_TIMEOUT_S = 600.0
 
+#: tests/, where the fault drill lives (the engine workers find it on the server's sys.path).
+TESTS_DIR = str(Path(__file__).resolve().parents[2])
 SERVE = (  # echo is a test backend: registered here, never in a production catalog
     "import sys\n"
     "from modelyard.api.cli import serve\n"
     "from modelyard.backends import register_backend\n"
     "from modelyard.config import load_config\n"
     "register_backend('echo', 'modelyard.backends.echo:EchoBackend')\n"
+    "if len(sys.argv) > 2:  # the fault drill: poison token ids, comma-separated\n"
+    f"    sys.path.insert(0, {TESTS_DIR!r})\n"
+    "    import fault_drill\n"
+    "    fault_drill.install(int(t) for t in sys.argv[2].split(','))\n"
     "sys.exit(serve(load_config(sys.argv[1]), log_level='warning'))\n"
 )
 
 
-def catalog(*, poison: bool) -> list[dict[str, object]]:
+def catalog() -> list[dict[str, object]]:
     llm_options: dict[str, object] = {
         "dtype": "float32",
         "max_model_len": 512,
@@ -43,8 +49,6 @@ def catalog(*, poison: bool) -> list[dict[str, object]]:
         "max_num_seqs": 16,
         "max_num_batched_tokens": 256,
     }
-    if poison:
-        llm_options["poison_token_ids"] = [POISON_TOKEN]
     return [
         {
             "id": E2E_MODEL,
@@ -92,6 +96,7 @@ def start(root: Path, *, gateway: bool = True) -> HardeningServer:
     """Write catalog, keys and config under `root`, start the server, wait for /ready. Without
     the gateway there are no keys and no fault drill in the LLM either."""
     keys = {}
+    poison = [str(POISON_TOKEN)] if gateway else []  # the fault drill (tests/fault_drill.py)
     if gateway:
         store = SqliteKeyStore(root / "keys.db")
         for name, admin in (("alice", False), ("bob", False), ("admin", True)):
@@ -99,7 +104,7 @@ def start(root: Path, *, gateway: bool = True) -> HardeningServer:
             store.add(record)
             keys[name] = key
     port = free_port()
-    (root / "catalog.yaml").write_text(yaml.safe_dump({"models": catalog(poison=gateway)}))
+    (root / "catalog.yaml").write_text(yaml.safe_dump({"models": catalog()}))
     config: dict[str, object] = {
         "agent": {"index": str(root / "no-agent-index")},  # /v1/agent/ask: 404, fast
         "server": {
@@ -120,7 +125,7 @@ def start(root: Path, *, gateway: bool = True) -> HardeningServer:
     log_path = root / "server.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(root / "config.yaml")],
+            [sys.executable, "-c", SERVE, str(root / "config.yaml"), *poison],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -68,11 +68,9 @@ def test_engine_options_come_from_the_catalog() -> None:
             "kv_cache_bytes": 64 * MB,
             "max_num_seqs": 8,
             "max_num_batched_tokens": 256,
-            "poison_token_ids": [7],
         }
     )
     config = engine_config_for(spec)
-    assert config.model.poison_token_ids == (7,)  # the fault drill of the isolation tests
     assert config.model.model == "x.gguf"
     assert config.model.dtype == "bfloat16"
     assert config.model.max_model_len == 512
@@ -89,6 +87,8 @@ def test_admission_limits_and_unknown_engine_options() -> None:
     assert engine_config_for(chat_spec()).admission == AdmissionConfig()
     with pytest.raises(ValueError, match="max_num_seq"):
         engine_config_for(chat_spec(options={"max_num_seq": 8}))
+    with pytest.raises(ValueError, match="poison_token_ids"):  # a test fixture now (fault_drill)
+        engine_config_for(chat_spec(options={"poison_token_ids": [7]}))
 
 
 def test_speculative_decoding_options_and_a_draft_named_by_catalog_id() -> None:

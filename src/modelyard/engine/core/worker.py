@@ -119,11 +119,10 @@ def run_engine_worker(config: EngineConfig, addresses: IpcAddresses) -> None:
 
 def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     from modelyard.engine.core.engine_core import EngineCore
-    from modelyard.engine.core.fault_drill import with_poison
     from modelyard.runner.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.speculative, config.lora)
-    core = EngineCore(config, with_poison(runner, config.model.poison_token_ids))
+    core = EngineCore(config, runner)
     ready = EngineReady(
         num_blocks=runner.num_kv_blocks,
         block_size=config.cache.block_size,

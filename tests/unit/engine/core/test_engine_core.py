@@ -371,7 +371,7 @@ def test_a_token_id_outside_the_vocabulary_is_refused_before_it_runs() -> None:
 
 
 def test_the_fault_drill_fails_the_step_holding_the_poison_token() -> None:
-    from modelyard.engine.core.fault_drill import PoisonError, with_poison
+    from fault_drill import PoisonError, with_poison
 
     runner = FakeKVRunner(num_kv_blocks=64)
     assert with_poison(runner, ()) is runner
@@ -389,7 +389,7 @@ def test_the_fault_drill_fails_the_step_holding_the_poison_token() -> None:
 
 
 def test_the_fault_drill_keeps_the_rest_of_the_runner() -> None:
-    from modelyard.engine.core.fault_drill import with_poison
+    from fault_drill import with_poison
 
     runner = FakeKVRunner(num_kv_blocks=8)
     poisoned = with_poison(runner, [POISON])

@@ -2,16 +2,20 @@
 
 `with_poison(runner, token_ids)` wraps a StepRunner so that a step whose batch holds one of
 `token_ids` raises before the model runs, the way a request that passed every check at the edge
-could still break a step. Enabled only by the catalog option `poison_token_ids` of an LLM
-(EngineConfig.poison_token_ids); the isolation tests use it through HTTP.
+could still break a step. The unit tests wrap their fake runners with it; the isolation tests
+(tests/e2e/api/hardening_server.py) call `install(token_ids)` in the server process, so every
+engine worker it starts runs its real runner under the drill. Not part of modelyard.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
+from modelyard.engine.config import EngineConfig
 from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
+from modelyard.transport.zmq_ipc import IpcAddresses
 
 
 class PoisonError(RuntimeError):
@@ -58,3 +62,28 @@ def with_poison(runner: StepRunner, poison_token_ids: Iterable[int]) -> StepRunn
     """`runner` itself when there is no poison, else a PoisonedRunner around it."""
     poison = tuple(poison_token_ids)
     return PoisonedRunner(runner, poison) if poison else runner
+
+
+def poisoned_worker_main(
+    poison_token_ids: tuple[int, ...], config: EngineConfig, addresses: IpcAddresses
+) -> None:
+    """The engine worker's entry with the drill: its core runs a PoisonedRunner."""
+    from modelyard.engine.core import engine_core
+    from modelyard.engine.core.worker import run_engine_worker
+
+    class PoisonedCore(engine_core.EngineCore):
+        def __init__(self, config: EngineConfig, runner: StepRunner, **kwargs: Any) -> None:
+            super().__init__(config, with_poison(runner, poison_token_ids), **kwargs)
+
+    engine_core.EngineCore = PoisonedCore  # type: ignore[misc]  # this child process only
+    run_engine_worker(config, addresses)
+
+
+def install(poison_token_ids: Iterable[int]) -> None:
+    """In the API process: every engine worker started from now on runs the drill. The entry
+    is pickled by name to the child, which finds this module on the parent's sys.path."""
+    from modelyard.engine.client import core_client
+
+    core_client.worker_main = functools.partial(  # type: ignore[assignment]
+        poisoned_worker_main, tuple(poison_token_ids)
+    )
