@@ -4,7 +4,7 @@
 2. dynamic batching: all-MiniLM-L6-v2 embeddings at concurrency 32, max_batch_size 32 vs 1;
 3. thrashing: 4 tiny models, budget for 2, uniform and skewed (80/20) random patterns -> hit rate;
 4. /predict overhead: warm /predict through the ASGI app (in-process transport) vs calling the
-   worker's predictor directly, on a no-op model (echo backend).
+   worker's predictor directly, on a no-op model (noop_backend.py).
 
 Usage: `.venv/bin/python benchmarks/multimodel.py [--quick]`. Runs the manager in-process with
 real worker processes; no server socket.
@@ -21,12 +21,12 @@ import time
 from typing import Any
 
 from common import machine_info, write_json
-from modelyard.backends import register_backend
 from modelyard.manager.catalog import Catalog, load_catalog, spec_from_dict
 from modelyard.manager.config import ManagerConfig
 from modelyard.manager.manager import Manager
+from noop_backend import register_noop
 
-register_backend("echo", "modelyard.backends.echo:EchoBackend")  # the no-op model below
+register_noop()  # the no-op model below
 
 GIB = 1024**3
 COFFEE = None
@@ -107,7 +107,7 @@ async def thrash(requests: int) -> dict[str, Any]:
     names = ["m0", "m1", "m2", "m3"]
     specs = [
         spec_from_dict(
-            {"id": n, "kind": "embedding", "backend": "echo", "memory_estimate_bytes": 100 * 2**20}
+            {"id": n, "kind": "embedding", "backend": "noop", "memory_estimate_bytes": 100 * 2**20}
         )
         for n in names
     ]
@@ -141,7 +141,7 @@ async def predict_overhead(runs: int) -> dict[str, Any]:
         {
             "id": "noop",
             "kind": "embedding",
-            "backend": "echo",
+            "backend": "noop",
             "batching": {"max_batch_size": 1, "max_queue_delay_ms": 0},
         }
     )

@@ -1,15 +1,22 @@
 """What one catalog entry says about a model: its kind, where its weights come from, how it is
 served. A leaf module: the manager (control plane), the backends (inside worker processes) and the
-API routes all read these types, and it imports none of them (only config_parse)."""
+API routes all read these types, and it imports none of them (only the config types: config_parse,
+engine.config, backends.options).
+
+An entry's `options` are parsed once, when the spec is built, into the typed section of its kind:
+an LLM's `llm` (its whole `EngineConfig`), any other model's `backend_options` (the dataclass of
+its backend, `backends.options`). Nothing reads `options` after that."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from modelyard.config_parse import ConfigError, check_fields, setting
+from modelyard.backends.options import options_class
+from modelyard.config_parse import ConfigError, check_fields, from_mapping, setting
+from modelyard.engine.config import EngineConfig
 
 
 class ModelKind(enum.StrEnum):
@@ -79,8 +86,15 @@ class ModelSpec:
     keep_alive_s: float | None = setting(None, gt=0)
     batching: BatchingConfig = setting(factory=BatchingConfig)  # dynamic batching
     preload: bool = False  # load at manager start (the server reports ready after)
-    options: Mapping[str, Any] = setting(factory=dict)  # backend / engine options
+    # backend / engine options as the catalog writes them; parsed into `llm` / `backend_options`
+    options: Mapping[str, Any] = setting(factory=dict)
     scaling: ScalingConfig = setting(factory=ScalingConfig)  # replicas on Ray Serve
+    # an LLM's engine config, from its source and options (None for other kinds, for an LLM
+    # without a source, and for one whose `draft` names another catalog model until the catalog
+    # resolves it)
+    llm: EngineConfig | None = field(default=None, init=False)
+    # any other kind's options: the dataclass of its backend (backends.options; None for LLMs)
+    backend_options: Any = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -88,8 +102,23 @@ class ModelSpec:
             raise ConfigError("id", f"must be non-empty, without '/' or spaces: {self.id!r}")
         if not self.name:
             object.__setattr__(self, "name", self.id)
+        if self.kind.is_llm:
+            object.__setattr__(self, "llm", _engine_config(self.source, self.options))
+        else:
+            parsed: object = from_mapping(options_class(self.backend), self.options, "options")
+            object.__setattr__(self, "backend_options", parsed)
 
     @property
     def names(self) -> tuple[str, ...]:
         """Every name a request may use for this model."""
         return (self.id, self.name, *self.aliases)
+
+
+def _engine_config(source: str, options: Mapping[str, Any]) -> EngineConfig | None:
+    """An LLM entry's engine config; None without a source (nothing to load: the loader refuses
+    it), or while its `draft` names a catalog model whose source the catalog has not filled in
+    (as `draft_source`) yet."""
+    draft = options.get("draft")
+    if not source or (draft not in (None, "ngram", "self") and "draft_source" not in options):
+        return None
+    return EngineConfig.from_options(source, options, "options")

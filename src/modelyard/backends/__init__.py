@@ -4,7 +4,8 @@
 "module:factory" (imported lazily, so the API process never imports torch or onnxruntime for
 them). The API process resolves the name (`backend_target`) and hands the target to the worker,
 which builds it (`create_backend`); so a backend registered at run time with `register_backend`
-(the tests' `echo` backend) reaches worker processes too.
+(the tests' `echo` backend) reaches worker processes too. A backend's catalog options parse into
+its dataclass in `backends.options.BACKEND_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from modelyard.backends.base import Backend
+from modelyard.backends.options import BACKEND_OPTIONS, NoOptions
 
 if TYPE_CHECKING:
     from modelyard.model_spec import ModelSpec
@@ -30,11 +32,13 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def register_backend(name: str, target: str) -> None:
-    """Make `name` usable in catalogs; `target` is "module:factory" (importable by workers)."""
+def register_backend(name: str, target: str, options: type = NoOptions) -> None:
+    """Make `name` usable in catalogs; `target` is "module:factory" (importable by workers),
+    `options` the frozen dataclass its entries' catalog options parse into."""
     if ":" not in target:
         raise ValueError(f"backend target must be 'module:factory', got {target!r}")
     BACKENDS[name] = target
+    BACKEND_OPTIONS[name] = options
 
 
 def backend_target(spec: ModelSpec) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from modelyard.backends.base import Output, ranked, top_k_option
+from modelyard.backends.options import ImageOptions, options_of
 from modelyard.model_spec import ModelSpec
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024  # encoded size limit per image
@@ -117,8 +118,8 @@ class TorchvisionBackend(_TorchImageClassifier):
         except Exception as exc:  # torchvision breaks at import beside some torch builds
             raise RuntimeError(f"torchvision is not usable here: {exc}") from exc
         model = torchvision.models.get_model(self.spec.source, weights=None)
-        weights = self.spec.options.get("weights")
+        weights = options_of(self.spec, ImageOptions).weights
         if weights:
-            model.load_state_dict(torch.load(str(weights), map_location="cpu"))
+            model.load_state_dict(torch.load(weights, map_location="cpu"))
         self._model = model.eval()
         self._labels = imagenet_labels()

@@ -30,6 +30,7 @@ from modelyard.backends.base import (
     top_k_option,
 )
 from modelyard.backends.image import IMAGE_METADATA, decode_image, imagenet_labels
+from modelyard.backends.options import OnnxOptions, options_of
 from modelyard.backends.tensors import from_numpy, to_numpy
 from modelyard.model_spec import ModelSpec
 from modelyard.sources import cache_dir, resolve_source
@@ -93,9 +94,8 @@ def _shape(dims: Sequence[Any]) -> list[int]:
 class OnnxBackend:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
-        self.preset = str(spec.options.get("preset", ""))
-        if self.preset not in ("", "image-classification", "text-embedding"):
-            raise ValueError(f"{spec.id}: unknown onnx preset {self.preset!r}")
+        self.options = options_of(spec, OnnxOptions)
+        self.preset = self.options.preset
         self._session: Any = None
         self._labels: list[str] = []
         self._tokenizer: Any = None
@@ -109,9 +109,8 @@ class OnnxBackend:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        threads = self.spec.options.get("intra_op_num_threads")
-        if threads:
-            options.intra_op_num_threads = int(threads)
+        if self.options.intra_op_num_threads is not None:
+            options.intra_op_num_threads = self.options.intra_op_num_threads
         self._session = ort.InferenceSession(
             str(self.model_path()), options, providers=["CPUExecutionProvider"]
         )
@@ -120,8 +119,8 @@ class OnnxBackend:
         elif self.preset == "text-embedding":
             from transformers import AutoTokenizer
 
-            tokenizer_source = str(self.spec.options.get("tokenizer", ""))
-            self._tokenizer = AutoTokenizer.from_pretrained(resolve_source(tokenizer_source))
+            tokenizer = resolve_source(self.options.tokenizer)
+            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer)
 
     def preprocess(self, item: Any, options: dict[str, Any]) -> Any:
         if self.preset == "image-classification":

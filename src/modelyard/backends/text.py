@@ -26,6 +26,12 @@ from modelyard.backends.base import (
     require_text,
     top_k_option,
 )
+from modelyard.backends.options import (
+    ClassifierOptions,
+    EmbeddingOptions,
+    ZeroShotOptions,
+    options_of,
+)
 from modelyard.model_spec import ModelSpec
 from modelyard.sources import resolve_source
 
@@ -35,7 +41,7 @@ class EmbeddingBackend:
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
-        self.max_length = int(spec.options.get("max_length", 256))
+        self.max_length = options_of(spec, EmbeddingOptions).max_length
         self._model: Any = None
         self._tokenizer: Any = None
 
@@ -89,7 +95,7 @@ class EmbeddingBackend:
 
 
 def _labels_from(options: dict[str, Any], spec: ModelSpec) -> list[str]:
-    labels = options.get("labels", spec.options.get("labels"))
+    labels = options.get("labels", list(options_of(spec, ZeroShotOptions).labels))
     if isinstance(labels, str):
         labels = [part.strip() for part in labels.split(",") if part.strip()]
     if not isinstance(labels, list) or not labels or len(labels) > 100:
@@ -104,8 +110,9 @@ class ZeroShotBackend(EmbeddingBackend):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
-        self.template = str(spec.options.get("hypothesis_template", "This text is about {}."))
-        self.temperature = float(spec.options.get("temperature", 0.05))
+        options = options_of(spec, ZeroShotOptions)
+        self.template = options.hypothesis_template
+        self.temperature = options.temperature
         self._hypotheses: dict[tuple[str, ...], NDArray[Any]] = {}
 
     def preprocess(self, item: Any, options: dict[str, Any]) -> Any:
@@ -134,7 +141,7 @@ class SequenceClassifierBackend:
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
-        self.max_length = int(spec.options.get("max_length", 512))
+        self.max_length = options_of(spec, ClassifierOptions).max_length
         self._model: Any = None
         self._tokenizer: Any = None
         self._labels: list[str] = []

@@ -17,21 +17,20 @@ from typing import Any
 import numpy as np
 
 from modelyard.backends.base import Output
+from modelyard.backends.options import TritonOptions, options_of
 from modelyard.backends.tensors import DATATYPES, from_numpy, to_numpy
 from modelyard.model_spec import ModelSpec
 
 
 class TritonBackend:
     def __init__(self, spec: ModelSpec) -> None:
-        url = spec.options.get("url")
-        if not url:
-            raise ValueError(f"{spec.id}: the triton backend needs options.url")
+        options = options_of(spec, TritonOptions)
         self.spec = spec
-        self.url = str(url)
-        self.model_name = str(spec.options.get("model_name") or spec.source)
-        self.model_version = str(spec.options.get("model_version", ""))
-        self.timeout_s = float(spec.options.get("timeout_s", 30.0))
-        self.unload_on_close = bool(spec.options.get("unload_on_close", True))
+        self.url = options.url
+        self.model_name = options.model_name or spec.source
+        self.model_version = options.model_version
+        self.timeout_s = options.timeout_s
+        self.unload_on_close = options.unload_on_close
         self._client: Any = None
         self._metadata: dict[str, Any] = {}
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from modelyard.config_parse import ConfigError, check_fields, from_mapping, setting
+from modelyard.runner.kernel_config import KernelConfig
 
 Dtype = Literal["float32", "bfloat16"]
 Implementation = Literal["auto", "native", "generic"]
@@ -165,6 +166,9 @@ class LoRAConfig:
     """Most adapters kept loaded in memory (least recently used ones are dropped)."""
     max_cpu_lora_bytes: int = setting(1024**3, ge=1)
     """Memory for the loaded adapters' weights; least recently used ones are dropped first."""
+    modules: Mapping[str, str] = setting(factory=dict, key="lora_modules")
+    """The adapters the catalog declares ({adapter name: PEFT folder}); the API process
+    registers them, the runner loads each on its first request."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -176,12 +180,10 @@ class LoRAConfig:
         """The catalog's flat LoRA options (`LORA_OPTIONS`): None when there is none."""
         if not any(key in options for key in LORA_OPTIONS):
             return None
-        fields_ = {f.name for f in fields(cls)}
-        return from_mapping(cls, {k: v for k, v in options.items() if k in fields_}, where)
+        return from_mapping(cls, {k: v for k, v in options.items() if k in LORA_OPTIONS}, where)
 
 
-#: catalog options that turn LoRA on; `lora_modules` ({name: folder}) is read by the API
-#: process's adapter registry, the others are LoRAConfig fields
+#: catalog options that turn LoRA on (LoRAConfig's fields; `lora_modules` is its `modules`)
 LORA_OPTIONS = ("lora_modules", "max_loras", "max_lora_rank", "max_cpu_loras", "max_cpu_lora_bytes")
 _EXTENSION_OPTIONS = frozenset({"draft", "draft_source", *SPECULATIVE_OPTIONS, *LORA_OPTIONS})
 
@@ -196,10 +198,18 @@ class EngineConfig:
     """None: no speculative decoding."""
     lora: LoRAConfig | None = None
     """None: requests may not name a LoRA adapter."""
+    kernels: KernelConfig = setting(factory=KernelConfig.from_env)
+    """The runner's kernel switches and instruction-set kind (runner.kernel_config), read from
+    the `MODELYARD_*` environment of the process that builds this config, then carried to the
+    engine worker: nothing below reads the environment."""
 
     @classmethod
     def from_options(
-        cls, model: str, options: Mapping[str, Any], where: str = "engine options"
+        cls,
+        model: str,
+        options: Mapping[str, Any],
+        where: str = "engine options",
+        kernels: KernelConfig | None = None,
     ) -> EngineConfig:
         """Flat options (`dtype`, `kv_cache_bytes`, `max_num_seqs`, ...: any field of the four
         sections, and the speculative and LoRA options) sorted into their sections;
@@ -224,4 +234,5 @@ class EngineConfig:
             **{name: from_mapping(c, parts[name], where) for name, c in sections.items()},
             speculative=SpeculativeConfig.from_options(options, where),
             lora=LoRAConfig.from_options(options, where),
+            kernels=KernelConfig.from_env() if kernels is None else kernels,
         )

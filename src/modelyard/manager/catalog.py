@@ -8,7 +8,10 @@
   (type -> kind, framework -> backend).
 
 An entry's fields are `modelyard.model_spec.ModelSpec`; its source is resolved by
-`modelyard.sources` (or is a package-provided model key such as `efficientnet-lite0`).
+`modelyard.sources` (or is a package-provided model key such as `efficientnet-lite0`). Its
+`options` are parsed here, once, into the typed section of its kind (`spec.llm`, an
+`EngineConfig`; `spec.backend_options`, per backend): a bad one is a ConfigError with the dotted
+path of the entry, e.g. `catalog.models[2].options.kv_cache_bytes: must be >= 1, not 0`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from modelyard.config_parse import from_mapping
+from modelyard.config_parse import ConfigError, from_mapping
 from modelyard.manager.base import ModelNotFoundError
 from modelyard.model_spec import ModelKind, ModelSpec
 
@@ -71,9 +74,9 @@ class Catalog:
 
     def _with_draft_source(self, spec: ModelSpec) -> ModelSpec:
         """An LLM whose `draft` option names another catalog LLM gets that model's source as
-        the `draft_source` option (ngram and self need no model)."""
+        the `draft_source` option, and so its engine config (ngram and self need no model)."""
         draft = spec.options.get("draft")
-        if draft is None or draft in ("ngram", "self") or not spec.kind.is_llm:
+        if not spec.kind.is_llm or spec.llm is not None or draft in (None, "ngram", "self"):
             return spec
         draft_spec = self._specs.get(self._names.get(str(draft), ""))
         if draft_spec is None or not draft_spec.kind.is_llm or draft_spec.id == spec.id:
@@ -98,14 +101,18 @@ class Catalog:
         return name in self._names
 
 
-def spec_from_dict(raw: Mapping[str, Any]) -> ModelSpec:
-    """One entry of either catalog shape -> ModelSpec (ValueError on a bad entry)."""
+def spec_from_dict(raw: Mapping[str, Any], where: str = "catalog.models[0]") -> ModelSpec:
+    """One entry of either catalog shape -> ModelSpec, its options typed (ConfigError, a
+    ValueError, on a bad entry: `where` is its dotted path, the problem names its id)."""
     if not isinstance(raw, Mapping):
-        raise ValueError(f"a catalog entry is a mapping, not {type(raw).__name__}")
+        raise ConfigError(where, f"a catalog entry is a mapping, not {type(raw).__name__}")
     data = dict(raw)
     if "type" in data or "framework" in data:
         data = _from_textbook(data)
-    return from_mapping(ModelSpec, data, f"models.{data.get('id')}")
+    try:
+        return from_mapping(ModelSpec, data, where)
+    except ConfigError as exc:
+        raise ConfigError(exc.path, f"{exc.problem} (model {data.get('id')!r})") from None
 
 
 def _from_textbook(data: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +130,9 @@ def parse_catalog(raw: Any) -> Catalog:
     entries = raw.get("models") if isinstance(raw, Mapping) else raw
     if not isinstance(entries, list):
         raise ValueError("a catalog is a list of models or a mapping with a 'models' list")
-    return Catalog([spec_from_dict(entry) for entry in entries])
+    return Catalog(
+        [spec_from_dict(entry, f"catalog.models[{i}]") for i, entry in enumerate(entries)]
+    )
 
 
 def load_catalog(path: str | None) -> Catalog:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import psutil
 
 from modelyard.engine.client.protocol import LLMClient
-from modelyard.engine.config import CacheConfig, EngineConfig
+from modelyard.engine.config import EngineConfig
 from modelyard.manager.base import ModelLoadError, Predictor
 from modelyard.manager.worker_process import WorkerProcess
 from modelyard.model_spec import ModelKind, ModelSpec
@@ -75,9 +75,11 @@ def estimate_bytes(spec: ModelSpec) -> int:
         return spec.memory_estimate_bytes
     weights = _source_bytes(spec.source)
     if spec.kind.is_llm:
-        kv = int(spec.options.get("kv_cache_bytes", CacheConfig.kv_cache_bytes))
+        engine = engine_config_for(spec)
+        kv = engine.cache.kv_cache_bytes
         factor = 6 if spec.source.endswith(".gguf") else 1
-        draft = str(spec.options.get("draft_source", ""))
+        speculative = engine.speculative
+        draft = speculative.draft_model or "" if speculative is not None else ""
         draft_weights = _source_bytes(draft) * (6 if draft.endswith(".gguf") else 1) if draft else 0
         return WORKER_OVERHEAD_BYTES + weights * factor + draft_weights + kv
     return WORKER_OVERHEAD_BYTES + int(weights * 1.5)
@@ -123,16 +125,16 @@ class LLMModel:
 
 
 def engine_config_for(spec: ModelSpec) -> EngineConfig:
-    """An LLM catalog entry's engine: its source and options (ValueError for a bad option)."""
-    return EngineConfig.from_options(spec.source, spec.options, where=f"models.{spec.id}.options")
+    """An LLM catalog entry's engine config (typed when the spec was built)."""
+    if spec.llm is None:
+        raise ValueError(f"{spec.id}: not an LLM, or its draft model is not resolved by a catalog")
+    return spec.llm
 
 
 def lora_modules_of(spec: ModelSpec) -> dict[str, str]:
     """The LoRA adapters an LLM entry declares: {adapter name: PEFT folder}."""
-    modules = spec.options.get("lora_modules") or {}
-    if not isinstance(modules, dict):
-        raise ValueError(f"{spec.id}: lora_modules must map adapter names to folders")
-    return {str(name): str(path) for name, path in modules.items()}
+    lora = spec.llm.lora if spec.llm is not None else None
+    return dict(lora.modules) if lora is not None else {}
 
 
 class ProcessLoader:

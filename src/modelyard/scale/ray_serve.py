@@ -29,6 +29,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
 from modelyard.config import ModelyardConfig, load_config
+from modelyard.engine.config import CacheConfig
 from modelyard.manager.catalog import Catalog, serving_catalog
 from modelyard.model_spec import ModelSpec
 from modelyard.scale.calls import CALL_CONTEXT, CallContext
@@ -124,7 +125,7 @@ def router_config(spec: ModelSpec, ray_config: RayConfig) -> RequestRouterConfig
     config: RequestRouterConfig = make(
         request_router_class=ROUTER_CLASS,
         request_router_kwargs={
-            "block_size": int(spec.options.get("block_size", 16)),
+            "block_size": spec.llm.cache.block_size if spec.llm else CacheConfig.block_size,
             "max_blocks": ray_config.max_prefix_blocks,
             "table_size": ray_config.prefix_table_size,
             "max_queue_gap": ray_config.max_queue_gap,

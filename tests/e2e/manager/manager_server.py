@@ -126,8 +126,9 @@ def free_port() -> int:
 
 SERVE = (
     "import sys\n"
-    "from modelyard.backends import register_backend\n"
-    "register_backend('echo', 'modelyard.backends.echo:EchoBackend')\n"
+    f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+    "from fakes.echo import register_echo\n"
+    "register_echo()\n"
     "from modelyard.api.cli import serve\n"
     "from modelyard.config import load_config\n"
     "sys.exit(serve(load_config(sys.argv[1]), log_level='warning'))\n"

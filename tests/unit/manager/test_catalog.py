@@ -62,7 +62,9 @@ def test_textbook_models_json_still_loads(tmp_path: Path) -> None:
 def test_bad_entries_are_value_errors() -> None:
     with pytest.raises(ValueError, match="kind: must be one of"):
         parse_catalog([{"id": "x", "kind": "teleport"}])
-    with pytest.raises(ValueError, match=r"models.x: unknown key\(s\) \['colour'\]"):
+    with pytest.raises(
+        ValueError, match=r"catalog.models\[0\]: unknown key\(s\) \[.colour.\].*\(model .x.\)"
+    ):
         parse_catalog([{"id": "x", "colour": "red"}])
     with pytest.raises(ValueError, match="used by both"):
         parse_catalog([{"id": "x", "aliases": ["y"]}, {"id": "y"}])

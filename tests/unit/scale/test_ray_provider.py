@@ -25,6 +25,7 @@ SPEC = ModelSpec(
     id="m",
     kind=ModelKind.COMPLETION,
     backend="llm",
+    source="m.gguf",
     options={"lora_modules": {"finance": "/adapters/finance"}, "max_loras": 2},
 )
 

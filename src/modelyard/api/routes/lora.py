@@ -109,4 +109,4 @@ def _base_spec(provider: Any, base_model: str | None) -> Any:
 
 
 def _lora_config(spec: Any) -> LoRAConfig | None:
-    return LoRAConfig.from_options(spec.options, f"models.{spec.id}.options")
+    return spec.llm.lora if spec.llm is not None else None

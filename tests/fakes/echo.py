@@ -1,7 +1,8 @@
 """A dependency-free backend for tests and fault drills: no weights, instant load.
 
-Not in the production registry: tests and benchmarks register it as `echo` with
-`register_backend("echo", "modelyard.backends.echo:EchoBackend")`.
+Not in the production registry: tests/conftest.py registers it as `echo` (`register_echo()`,
+its catalog options typed as `EchoOptions`); worker processes import it as `fakes.echo` (tests/
+is on the sys.path they inherit).
 
 Per kind: tensor -> each input tensor back, data multiplied by option `scale` (default 1);
 embedding -> `[len(text), number of words]`; classification kinds -> labels from option
@@ -18,10 +19,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from modelyard.backends import register_backend
 from modelyard.backends.base import (
     TEXT_METADATA,
     Output,
@@ -30,20 +33,44 @@ from modelyard.backends.base import (
     require_text,
     top_k_option,
 )
+from modelyard.backends.options import options_of
 from modelyard.backends.tensors import from_numpy, to_numpy
+from modelyard.config_parse import check_fields, setting
 from modelyard.model_spec import ModelKind, ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class EchoOptions:
+    """The echo backend's catalog options (see the module docstring)."""
+
+    scale: float = 1.0  # tensor kind: outputs are inputs times this
+    labels: tuple[str, ...] = ("a", "b")  # classification kinds: default labels
+    allocate_bytes: int = setting(0, ge=0)  # memory held while loaded
+    load_delay_s: float = setting(0.0, ge=0)  # load() sleeps this long
+    fail_load: str = ""  # load() raises with this message ("": loads)
+    crash_on: str | None = None  # an input text that makes the worker exit
+    fail_on: str | None = None  # an input text that makes its whole batch raise
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def register_echo() -> None:
+    """Make `backend: echo` usable in catalogs (this process and its workers)."""
+    register_backend("echo", "fakes.echo:EchoBackend", EchoOptions)
 
 
 class EchoBackend:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
+        self.options = options_of(spec, EchoOptions)
         self._ballast: bytearray | None = None
 
     def load(self) -> None:
-        time.sleep(float(self.spec.options.get("load_delay_s", 0.0)))
-        if self.spec.options.get("fail_load"):
-            raise RuntimeError(str(self.spec.options["fail_load"]))
-        size = int(self.spec.options.get("allocate_bytes", 0))
+        time.sleep(self.options.load_delay_s)
+        if self.options.fail_load:
+            raise RuntimeError(self.options.fail_load)
+        size = self.options.allocate_bytes
         if size:
             self._ballast = bytearray(os.urandom(1024)) * (size // 1024)
 
@@ -53,18 +80,18 @@ class EchoBackend:
                 raise ValueError("this model takes named tensors")
             return {name: to_numpy(tensor) for name, tensor in item.items()}
         text = require_text(item)
-        if text == self.spec.options.get("crash_on"):
+        if text == self.options.crash_on:
             os._exit(3)
         if self.spec.kind != ModelKind.EMBEDDING:
             top_k_option(options)
         return text
 
     def infer(self, items: Sequence[Any], options: dict[str, Any]) -> list[Output]:
-        poison = self.spec.options.get("fail_on")
+        poison = self.options.fail_on
         if poison is not None and any(item == poison for item in items):
             raise RuntimeError("the batch holds the fail_on input")
         if self.spec.kind == ModelKind.TENSOR:
-            scale = float(self.spec.options.get("scale", 1.0))
+            scale = self.options.scale
             return [
                 {
                     f"{name}_out": from_numpy(np.asarray(a * scale if a.dtype.kind in "fiu" else a))
@@ -75,7 +102,7 @@ class EchoBackend:
         if self.spec.kind == ModelKind.EMBEDDING:  # the fake's tokens are characters
             vectors = [[float(len(text)), float(len(text.split()))] for text in items]
             return embedding_outputs(vectors, [len(text) for text in items], options)
-        labels = list(options.get("labels", self.spec.options.get("labels", ["a", "b"])))
+        labels = list(options.get("labels", self.options.labels))
         top_k = top_k_option(options, default=len(labels))
         return [
             ranked([float(text.count(label[:1])) for label in labels], labels, top_k)
