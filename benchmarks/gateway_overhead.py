@@ -48,9 +48,10 @@ from modelyard.gateway.config import GatewayConfig
 from modelyard.gateway.gateway import Gateway, build_gateway
 from modelyard.gateway.keys import SqliteKeyStore, new_record
 from modelyard.gateway.middleware import build_gateway_middleware
-from modelyard.gateway.request_path import Demand, LLMLease, RequestPath
+from modelyard.gateway.request_path import Demand, RequestPath
 from modelyard.gateway.router import build_router
 from modelyard.gateway.ticket import TICKET_SCOPE_KEY
+from modelyard.manager.base import Lease
 from modelyard.model_spec import ModelKind, ModelSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -93,7 +94,7 @@ class FreeModels:
 def make_handler(router: ModelRouter, config: GatewayConfig) -> ASGIApp:
     path = RequestPath(FreeModels(), router, timeout_s=60)  # type: ignore[arg-type]
 
-    async def start(lease: LLMLease) -> None:
+    async def start(lease: Lease) -> None:
         return None
 
     async def handler(scope: Scope, receive: Receive, send: Send) -> None:

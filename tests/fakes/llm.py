@@ -6,9 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from modelyard.engine.client.prefixes import EnginePrefixes
 from modelyard.engine.client.protocol import (
     CompletionDelta,
+    EngineCapabilities,
     EngineOverloadedError,
+    MissingCapabilityError,
     PromptTooLongError,
     RequestMetrics,
     RequestOutput,
@@ -58,6 +61,20 @@ class FakeLLM:
     live: set[str] = field(default_factory=set)
     shut: bool = False  # shutdown() was called
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    # LoRA (requests carry the adapter), no pins (no KV cache)
+    capabilities: EngineCapabilities = field(default_factory=lambda: EngineCapabilities(lora=True))
+
+    @property
+    def prefixes(self) -> EnginePrefixes:
+        raise MissingCapabilityError(self.name, "pinned prefixes")
+
+    @property
+    def holds_pinned_prefixes(self) -> bool:
+        return False
+
+    @property
+    def pid(self) -> int | None:
+        return None
 
     @property
     def model_name(self) -> str:

@@ -1,11 +1,14 @@
 """The source tree keeps its shape: no import circles between modules (imports inside functions
 count), the engine's process split (engine/client never imports engine/core or runner, and
 neither of those imports engine/client), no module much past 400 lines (the C++ kernels too),
-every test module marked with its layer."""
+every test module marked with its layer, and no `getattr`/`hasattr` probe of a model provider,
+an engine client or a runner (what a caller needs is in their protocols, or declared as data:
+`EngineCapabilities`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,10 @@ FORBIDDEN_IMPORTS = (
     ("modelyard.engine.core", "modelyard.engine.client"),
     ("modelyard.runner", "modelyard.engine.client"),
 )
+
+
+#: A getattr/hasattr whose object's name matches this probes a provider, engine or runner.
+PROBED = re.compile(r"provider|llm|client|runner|engine", re.IGNORECASE)
 
 
 def _module_name(path: Path) -> str:
@@ -153,3 +160,35 @@ def test_every_test_module_has_a_layer_marker() -> None:
         if not any(layer in path.read_text() for layer in LAYERS)
     ]
     assert unmarked == []
+
+
+def _probes(source: str) -> list[str]:
+    """`getattr(x, ...)`/`hasattr(x, ...)` calls whose object `x` (a name, or the last
+    attribute of a dotted one) names a provider, an engine client or a runner."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id not in ("getattr", "hasattr") or not node.args:
+            continue
+        target = node.args[0]
+        name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+        if PROBED.search(name):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_probe_of_providers_engines_or_runners() -> None:
+    probes = [
+        f"{path.relative_to(SRC.parent)}:{probe}"
+        for path in sorted(SRC.rglob("*.py"))
+        for probe in _probes(path.read_text())
+    ]
+    assert probes == []
+
+
+def test_probe_finder_finds_one() -> None:
+    source = (
+        "a = getattr(provider, 'state', None)\nb = hasattr(self.runner, 'x')\nc = getattr(x, 'y')"
+    )
+    assert [p.split(":")[0] for p in _probes(source)] == ["1", "2"]

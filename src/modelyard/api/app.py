@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import Depends, FastAPI
 
 from modelyard.api.errors import install_exception_handlers
-from modelyard.api.lora import AdapterProvider, LoRARegistry
 from modelyard.api.middleware import build_middleware_stack
 from modelyard.api.openapi import install_openapi
 from modelyard.api.routes import (
@@ -102,11 +101,8 @@ def build_app(
     )
     app.state.provider = provider
     app.state.router = router
-    app.state.loras = LoRARegistry.from_provider(provider)  # LoRA adapters as model ids
     app.state.request_path = RequestPath(
-        AdapterProvider(provider, app.state.loras),
-        router,
-        timeout_s=config.server.request_timeout_s,
+        provider, router, timeout_s=config.server.request_timeout_s
     )
     app.state.config = config
     app.state.ready = startup is None

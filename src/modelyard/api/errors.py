@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse
 from modelyard.engine.client.protocol import (
     EngineDeadError,
     EngineOverloadedError,
+    MissingCapabilityError,
     PromptTooLongError,
 )
 from modelyard.engine.sampling_params import InvalidParamError
@@ -153,6 +154,8 @@ def request_failed(error: str) -> APIError:
 
 def _bad_input(exc: ValueError, path: str) -> APIError:
     """A 400 naming the field: the route's prompt field for a context overflow."""
+    if isinstance(exc, MissingCapabilityError):
+        return APIError(400, str(exc), param="model", code="unsupported_feature")
     if isinstance(exc, PromptTooLongError):
         param = _PROMPT_PARAM.get(path, "prompt")
         return APIError(400, str(exc), param=param, code="context_length_exceeded")

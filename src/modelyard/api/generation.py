@@ -45,12 +45,12 @@ from modelyard.gateway.base import Principal, RouteDecision
 from modelyard.gateway.pin_policy import PinPolicy
 from modelyard.gateway.request_path import (
     Demand,
-    LLMLease,
     RequestPath,
     Served,
     principal_of,
     ticket_of,
 )
+from modelyard.manager.base import Lease
 from modelyard.observability.llm_metrics import RequestTracker
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ async def open_generation(
         sequences=params.n * num_prompts,
     )
 
-    async def start(lease: LLMLease) -> list[EngineStream]:
+    async def start(lease: Lease) -> list[EngineStream]:
         prompts = await build_prompts(lease.llm)
         server = request.app.state.config.server
         check_generation_limits(len(prompts), params, lease.llm.max_model_len, server)
@@ -253,8 +253,6 @@ async def open_generation(
         )
 
     served = await path.open_llm(request, requested, demand, start)
-    if not isinstance(served.lease, LLMLease):  # pragma: no cover - open_llm leases LLMs
-        raise TypeError("not an LLM lease")
     return Generation(served, served.lease.llm)
 
 

@@ -19,7 +19,7 @@ authorizes or leases a model itself. In order:
    token estimate (tpm, generation) or the inputs (ipm, other models) -> 429 with Retry-After
    and X-RateLimit-*; a store that does not answer fails open, or closed with 503.
 6. **lease**: each target in order: its kind must be one the route serves (else 400, no
-   fallback); the lease is typed (`LLMLease` or `PredictorLease`) and `start(lease)` runs. A
+   fallback); `start(lease)` runs on the provider's `Lease` (its `llm` or `predictor`). A
    model that fails to load, is unavailable or unknown, or whose engine is overloaded or dead,
    sends the request to the next target (reported to the router); the last error answers.
 7. **record usage**: `x-modelyard-route: requested->served;policy` on the response (policy
@@ -47,7 +47,7 @@ from typing import Any, Generic, TypeVar
 
 from starlette.requests import Request
 
-from modelyard.engine.client.protocol import EngineDeadError, EngineOverloadedError, LLMClient
+from modelyard.engine.client.protocol import EngineDeadError, EngineOverloadedError
 from modelyard.gateway.base import PRINCIPAL_SCOPE_KEY, ModelRouter, Principal, RouteDecision
 from modelyard.gateway.config import RateLimitConfig
 from modelyard.gateway.errors import GatewayError, forbidden
@@ -59,7 +59,6 @@ from modelyard.manager.base import (
     ModelNotFoundError,
     ModelProvider,
     ModelUnavailableError,
-    Predictor,
 )
 from modelyard.model_spec import ModelKind
 
@@ -84,8 +83,8 @@ PREDICTOR_KINDS = frozenset(k for k in ModelKind if not k.is_llm)
 class Work(enum.Enum):
     """What a model route asks for: what it is charged with and which lease it gets."""
 
-    GENERATION = "generation"  # an LLM: tokens (tpm), LLMLease
-    INFERENCE = "inference"  # another model: inputs (ipm), PredictorLease
+    GENERATION = "generation"  # an LLM: tokens (tpm), lease.llm
+    INFERENCE = "inference"  # another model: inputs (ipm), lease.predictor
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,41 +121,12 @@ class Demand:
         return cls(Work.INFERENCE, frozenset(kinds), serves, 0, items, input_bytes)
 
 
-@dataclass(frozen=True, slots=True)
-class LLMLease:
-    """A leased LLM."""
-
-    model_id: str  # catalog id of the serving model
-    kind: ModelKind  # chat or completion
-    llm: LLMClient  # the engine client
-
-
-@dataclass(frozen=True, slots=True)
-class PredictorLease:
-    """A leased non-LLM model."""
-
-    model_id: str  # catalog id of the serving model
-    kind: ModelKind  # embedding, classification, image, tensor
-    predictor: Predictor  # the batcher client
-    metadata: dict[str, Any]  # KServe tensor metadata ({"inputs": [...], "outputs": [...]})
-
-
-Leased = LLMLease | PredictorLease
-
-
-def typed_lease(lease: Lease) -> Leased:
-    """The provider's lease as the member of the union its kind says it is."""
-    if lease.kind.is_llm:
-        return LLMLease(lease.model_id, lease.kind, lease.llm)
-    return PredictorLease(lease.model_id, lease.kind, lease.predictor, lease.metadata)
-
-
 @dataclass(eq=False)
 class Served(Generic[T]):
     """A model request that a target accepted; `aclose()` it exactly when it ends."""
 
     value: T  # what `start(lease)` returned (engine streams, predictions)
-    lease: Leased  # the model that serves it
+    lease: Lease  # the model that serves it
     ticket: Ticket  # the request's quota and usage state
     deadline: float  # loop.time() by which the whole request must be done
     _stack: AsyncExitStack  # holds the provider's lease
@@ -203,45 +173,32 @@ class RequestPath:
         request: Request,
         requested: str,
         demand: Demand,
-        start: Callable[[LLMLease], Awaitable[T]],
+        start: Callable[[Lease], Awaitable[T]],
     ) -> Served[T]:
-        """A generation: `start` submits the prompts and reads their first outputs."""
-
-        async def typed(lease: Leased) -> T:
-            if not isinstance(lease, LLMLease):  # pragma: no cover - kinds checked first
-                raise TypeError(f"{lease.model_id} is not an LLM")
-            return await start(lease)
-
-        return await self._open(request, requested, demand, typed)
+        """A generation: `start` submits the prompts (to `lease.llm`) and reads their first
+        outputs."""
+        return await self._open(request, requested, demand, start)
 
     async def predict(
         self,
         request: Request,
         requested: str,
         demand: Demand,
-        run: Callable[[PredictorLease], Awaitable[T]],
-    ) -> tuple[T, PredictorLease]:
-        """An inference, start to end: `run(lease)`'s result and the lease that served it."""
-
-        async def typed(lease: Leased) -> T:
-            if not isinstance(lease, PredictorLease):  # pragma: no cover - kinds checked first
-                raise TypeError(f"{lease.model_id} is an LLM")
-            return await run(lease)
-
-        served = await self._open(request, requested, demand, typed)
+        run: Callable[[Lease], Awaitable[T]],
+    ) -> tuple[T, Lease]:
+        """An inference, start to end: `run(lease)`'s result (from `lease.predictor`) and the
+        lease that served it."""
+        served = await self._open(request, requested, demand, run)
         served.ticket.usage.items = demand.items
         await served.aclose()
-        lease = served.lease
-        if not isinstance(lease, PredictorLease):  # pragma: no cover - typed above
-            raise TypeError(f"{lease.model_id} is an LLM")
-        return served.value, lease
+        return served.value, served.lease
 
     async def _open(
         self,
         request: Request,
         requested: str,
         demand: Demand,
-        start: Callable[[Leased], Awaitable[T]],
+        start: Callable[[Lease], Awaitable[T]],
     ) -> Served[T]:
         ticket = ticket_of(request)
         principal = ticket.identity.principal
@@ -277,7 +234,7 @@ class RequestPath:
         ticket: Ticket,
         decision: RouteDecision,
         demand: Demand,
-        start: Callable[[Leased], Awaitable[T]],
+        start: Callable[[Lease], Awaitable[T]],
         deadline: float,
     ) -> Served[T]:
         last_error: BaseException | None = None
@@ -293,7 +250,7 @@ class RequestPath:
                 )
             stack = AsyncExitStack()
             try:
-                lease = typed_lease(await stack.enter_async_context(self.provider.lease(target)))
+                lease = await stack.enter_async_context(self.provider.lease(target))
                 value = await start(lease)
             except FALLBACK_ERRORS as exc:
                 await stack.aclose()
@@ -320,6 +277,12 @@ def ticket_of(request: Request) -> Ticket:
     if not isinstance(ticket, Ticket):
         raise RuntimeError("no gateway ticket: build the app with the gateway middleware")
     return ticket
+
+
+def provider_of(request: Request) -> ModelProvider:
+    """The app's model provider (every route reaches models through it, typed)."""
+    provider: ModelProvider = request.app.state.provider
+    return provider
 
 
 def principal_of(request: Request) -> Principal:

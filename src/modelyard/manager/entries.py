@@ -1,4 +1,4 @@
-"""The manager's per-model bookkeeping (`Entry`) and the `Lease` it hands to route handlers."""
+"""The manager's per-model bookkeeping (`Entry`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import enum
 import time
 from typing import Any
 
-from modelyard.engine.client.protocol import LLMClient
-from modelyard.manager.base import ModelLoadError, Predictor
+from modelyard.manager.base import ModelLoadError
 from modelyard.manager.loaders import LLMModel
-from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.model_spec import ModelSpec
 
 
 class State(enum.StrEnum):
@@ -109,43 +108,3 @@ class Entry:
             except Exception as exc:  # a dead engine must not break the listing
                 info["engine"] = {"error": str(exc)}
         return info
-
-
-class ModelLease:
-    """What `Manager.lease` yields (implements base.Lease)."""
-
-    def __init__(self, spec: ModelSpec, model: Any) -> None:
-        self.spec = spec  # the catalog entry
-        self._model = model  # the LoadedModel
-
-    @property
-    def model_id(self) -> str:
-        return self.spec.id
-
-    @property
-    def kind(self) -> ModelKind:
-        return self.spec.kind
-
-    @property
-    def pid(self) -> int | None:
-        """The worker's process id (None when unknown, e.g. an engine without one)."""
-        pid: int | None = getattr(self._model, "pid", None)
-        return pid
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        metadata: dict[str, Any] = self._model.metadata
-        return metadata
-
-    @property
-    def llm(self) -> LLMClient:
-        if not isinstance(self._model, LLMModel):
-            raise TypeError(f"{self.spec.id} is a {self.spec.kind} model, not an LLM")
-        return self._model.llm
-
-    @property
-    def predictor(self) -> Predictor:
-        if isinstance(self._model, LLMModel):
-            raise TypeError(f"{self.spec.id} is an LLM; use lease.llm")
-        predictor: Predictor = self._model
-        return predictor

@@ -100,8 +100,7 @@ class LLMModel:
 
     @property
     def pid(self) -> int | None:
-        pid = getattr(self.llm, "pid", None)
-        return pid if isinstance(pid, int) else None
+        return self.llm.pid
 
     @property
     def is_alive(self) -> bool:
@@ -110,7 +109,7 @@ class LLMModel:
     @property
     def holds_pins(self) -> bool:
         """Pinned prefixes (CAG) live in this engine: evicting it would drop them."""
-        return bool(getattr(self.llm, "holds_pinned_prefixes", False))
+        return self.llm.holds_pinned_prefixes
 
     def memory_bytes(self) -> int | None:
         if self.pid is not None:

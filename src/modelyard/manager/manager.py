@@ -22,6 +22,7 @@ Policy, in order, when a lease needs a model that is not loaded:
 5. **Measure**: the worker's RSS replaces the estimate. If the measurement overshoots the
    budget, idle LRU models are evicted (best effort, never waiting).
 
+A LoRA adapter is an entry of its own (manager/adapters.py): its lease holds its base model.
 A loaded model whose worker died is dropped at its next lease and loaded again (its in-flight
 requests already failed with a clear 503). A background task unloads idle models past their
 `keep_alive_s`.
@@ -37,16 +38,24 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from modelyard.engine.messages import SchedulerStats
-from modelyard.manager.base import ModelLoadError, ModelUnavailableError
+from modelyard.manager.adapters import AdapterTable, adapter_lease, adapter_spec
+from modelyard.manager.base import (
+    Adapter,
+    Lease,
+    ModelLoadError,
+    ModelProvider,
+    ModelUnavailableError,
+)
 from modelyard.manager.catalog import Catalog
 from modelyard.manager.config import ManagerConfig
-from modelyard.manager.entries import Entry, ModelLease, State
+from modelyard.manager.entries import Entry, State
 from modelyard.manager.loaders import (
     LLMModel,
     ModelLoader,
     ProcessLoader,
     default_budget_bytes,
     estimate_bytes,
+    predictor_of,
 )
 from modelyard.model_spec import ModelSpec
 from modelyard.observability import metrics
@@ -70,6 +79,7 @@ class Manager:
         )
         self.ready = False
         self._entries = {spec.id: Entry(spec) for spec in catalog}
+        self._adapters = AdapterTable.of_catalog(catalog)
         self._reserved = 0  # bytes reserved by loads in progress
         self._reserved_count = 0  # loads in progress
         self._freeing = 0  # bytes of evicted workers not yet stopped
@@ -105,13 +115,21 @@ class Manager:
 
     # ------------------------------------------------------------------ leases
     @contextlib.asynccontextmanager
-    async def lease(self, name: str) -> AsyncIterator[ModelLease]:
-        """Resolve, load if needed (single-flight), hold against eviction while in use."""
+    async def lease(self, name: str) -> AsyncIterator[Lease]:
+        """Resolve, load if needed (single-flight), hold against eviction while in use; an
+        adapter's lease holds its base."""
+        adapter = self._adapters.get(name)
+        async with self._lease_model(adapter.base if adapter else name) as lease:
+            yield adapter_lease(adapter, lease) if adapter else lease
+
+    @contextlib.asynccontextmanager
+    async def _lease_model(self, name: str) -> AsyncIterator[Lease]:
         entry = self._entries[self.catalog.resolve(name).id]
         model = await self._acquire(entry)
         metrics.MODEL_ACTIVE_LEASES.labels(entry.spec.id).inc()
         try:
-            yield ModelLease(entry.spec, model)
+            client = model.llm if isinstance(model, LLMModel) else predictor_of(model)
+            yield Lease(entry.spec.id, entry.spec.kind, client, model.metadata)
         finally:
             entry.leases -= 1
             entry.touch()
@@ -125,7 +143,7 @@ class Manager:
 
     async def unload(self, name: str) -> None:
         """Unload a model now (after its leases end, up to wait_timeout_s); pins included."""
-        entry = self._entries[self.catalog.resolve(name).id]
+        entry = self._entry(name)
         if entry.load_task is not None:
             await asyncio.gather(asyncio.shield(entry.load_task), return_exceptions=True)
         deadline = time.monotonic() + self.config.wait_timeout_s
@@ -171,9 +189,7 @@ class Manager:
     async def _load(self, entry: Entry) -> None:
         spec = entry.spec
         try:
-            estimate = await asyncio.to_thread(
-                estimate_bytes, spec
-            )  # walks the source: off the loop
+            estimate = await asyncio.to_thread(estimate_bytes, spec)  # walks the source
             await self._reserve(entry, estimate)
             await self._load_reserved(entry, estimate)
         finally:
@@ -226,8 +242,7 @@ class Manager:
         self._reserved += need
         self._reserved_count += 1
         entry.state = State.LOADING
-        stopped = [(self._detach(v, "lru"), v.bytes_at_detach) for v in victims]
-        for model, size in stopped:
+        for model, size in [(self._detach(v, "lru"), v.bytes_at_detach) for v in victims]:
             if model is not None:
                 await self._stop(model, size)
 
@@ -327,6 +342,7 @@ class Manager:
                 "reserved_bytes": self._reserved,
                 "max_models": self.config.max_models,
             },
+            "adapters": self._adapters.describe(),
             "stats": dict(self.stats),
             "ready": self.ready,
         }
@@ -340,12 +356,44 @@ class Manager:
         }
 
     def spec(self, name: str) -> ModelSpec:
+        adapter = self._adapters.get(name)
+        if adapter is not None:
+            return adapter_spec(adapter, self.catalog.resolve(adapter.base))
         return self.catalog.resolve(name)
 
+    def catalog_entries(self) -> list[ModelSpec]:
+        return list(self.catalog)
+
     def state(self, name: str) -> State:
-        return self._entries[self.catalog.resolve(name).id].state
+        return self._entry(name).state
 
     def metadata(self, name: str) -> dict[str, Any] | None:
         """A loaded model's tensor metadata (None when not loaded)."""
-        entry = self._entries[self.catalog.resolve(name).id]
+        entry = self._entry(name)
         return entry.model.metadata if entry.model is not None else None
+
+    # ------------------------------------------------------------------ adapters
+    def adapters(self) -> list[Adapter]:
+        return self._adapters.all()
+
+    def add_adapter(self, name: str, base: str, folder: str) -> Adapter:
+        if name in self.catalog:
+            raise ValueError(f"the LoRA adapter {name!r} has already been loaded")
+        return self._adapters.add(name, self.catalog.resolve(base).id, folder)
+
+    async def remove_adapter(self, name: str) -> Adapter:
+        adapter = self._adapters.remove(name)
+        model = self._entries[adapter.base].model
+        if isinstance(model, LLMModel) and model.is_alive:
+            await model.llm.drop_loras([name])
+        return adapter
+
+    def _entry(self, name: str) -> Entry:
+        """The entry a name means (an adapter's: its base's)."""
+        adapter = self._adapters.get(name)
+        return self._entries[self.catalog.resolve(adapter.base if adapter else name).id]
+
+
+def _conforms(manager: Manager) -> ModelProvider:
+    """mypy checks here that the manager implements the whole provider protocol."""
+    return manager

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from prometheus_client import Counter
 
 from modelyard.engine.messages import SchedulerStats
+from modelyard.manager.base import ModelProvider
 from modelyard.observability.metrics import (
     ENGINE_FAILED_REQUESTS,
     KV_CACHE_USAGE,
@@ -174,13 +175,10 @@ def refresh_engine_metrics() -> None:
     ENGINE_STATS.refresh()
 
 
-def register_provider_stats(provider: object) -> Callable[[], None]:
-    """Register `provider.engine_stats()` (a `{model_id: SchedulerStats}` of its loaded LLMs)
-    when the model provider has one; returns the unregister function (a no-op otherwise).
+def register_provider_stats(provider: ModelProvider) -> Callable[[], None]:
+    """Register `provider.engine_stats()` (a `{model_id: SchedulerStats}` of its loaded LLMs);
+    returns the unregister function.
 
     The app calls this at startup and the returned function at shutdown.
     """
-    source = getattr(provider, "engine_stats", None)
-    if not callable(source):
-        return lambda: None
-    return register_engine_stats_source(source)
+    return register_engine_stats_source(provider.engine_stats)

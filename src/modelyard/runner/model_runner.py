@@ -138,6 +138,11 @@ class ModelRunner:
                 team=_TEAM,
             )
 
+    @property
+    def lora(self) -> ModelRunner | None:
+        """Itself when it serves LoRA adapters (engine.core.scheduler_output.StepRunner.lora)."""
+        return self if self._native is not None and self._native.lora is not None else None
+
     def check_lora(self, lora: LoRARequest) -> None:
         """Load the adapter (ValueError when it does not fit this model or LoRA is off)."""
         if self._native is None or self._native.lora is None:

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from modelyard.engine.client.output_processor import check_prompt_length, render_chat
 from modelyard.engine.client.prefixes import EnginePrefixes, PrefixRegistry
-from modelyard.engine.client.protocol import RequestOutput, Tokenizer
+from modelyard.engine.client.protocol import EngineCapabilities, RequestOutput, Tokenizer
 from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.scale.calls import CALL_CONTEXT, CallContext, reraise_local
@@ -28,7 +28,10 @@ from modelyard.scale.pins import RayPinTransport
 
 
 class RayLLMClient:
-    """`LoRAClient` over an LLM deployment (see the module docstring)."""
+    """`LLMClient` over an LLM deployment (see the module docstring): LoRA and pins, as local
+    mode serves them."""
+
+    capabilities = EngineCapabilities(lora=True, pins=True)
 
     def __init__(self, handle: Any, info: LLMReplicaInfo) -> None:
         self._plain = handle
@@ -48,6 +51,15 @@ class RayLLMClient:
     @property
     def tokenizer(self) -> Tokenizer:
         return cast(Tokenizer, self._info.tokenizer)
+
+    @property
+    def pid(self) -> None:
+        """The engines run in the replicas' processes, not here."""
+        return None
+
+    @property
+    def holds_pinned_prefixes(self) -> bool:
+        return self._prefixes is not None and bool(self._prefixes.list())
 
     @property
     def is_alive(self) -> bool:

@@ -4,8 +4,9 @@ The ingress runs the same ASGI app as single-node mode; only the provider differ
 LLM yields a `RayLLMClient` (llm_client.py: tokenizes in the ingress, streams `RequestOutput`s
 from a replica of the model's deployment, which the request router picks; LoRA adapters and
 pinned prefixes as in local mode); a lease of another model yields a `RayPredictor` (a call to
-the multiplexed pool with the model id). Errors from Ray come back as the errors the routes
-already map (calls.py).
+the multiplexed pool with the model id). LoRA adapters are entries of the same `AdapterTable` as
+local mode's (manager/adapters.py): a lease of one is its base's client running the adapter.
+Errors from Ray come back as the errors the routes already map (calls.py).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from modelyard.manager.base import ModelUnavailableError
+from modelyard.engine.messages import SchedulerStats
+from modelyard.manager.adapters import AdapterTable, adapter_lease, adapter_spec
+from modelyard.manager.base import Adapter, Lease, ModelProvider, ModelUnavailableError
 from modelyard.manager.catalog import Catalog
 from modelyard.model_spec import ModelKind, ModelSpec
 from modelyard.scale.calls import reraise_local
@@ -42,35 +44,6 @@ class RayPredictor:
             reraise_local(exc, llm=False)
 
 
-@dataclass(frozen=True, slots=True)
-class RayLease:
-    """A model reached through Ray (implements manager.base.Lease)."""
-
-    spec: ModelSpec
-    client: RayLLMClient | RayPredictor
-    metadata: dict[str, Any]
-
-    @property
-    def model_id(self) -> str:
-        return self.spec.id
-
-    @property
-    def kind(self) -> ModelKind:
-        return self.spec.kind
-
-    @property
-    def llm(self) -> RayLLMClient:
-        if not isinstance(self.client, RayLLMClient):
-            raise TypeError(f"{self.spec.id} is a {self.spec.kind} model, not an LLM")
-        return self.client
-
-    @property
-    def predictor(self) -> RayPredictor:
-        if not isinstance(self.client, RayPredictor):
-            raise TypeError(f"{self.spec.id} is an LLM; use lease.llm")
-        return self.client
-
-
 class RayProvider:
     """`ModelProvider` of the ingress (see the module docstring)."""
 
@@ -81,6 +54,7 @@ class RayProvider:
         self._llms: dict[str, RayLLMClient] = {}
         self._loaded: set[str] = set()  # pool models this ingress has seen loaded
         self._metadata: dict[str, dict[str, Any]] = {}
+        self._adapters = AdapterTable.of_catalog(catalog)
         self.ready = False
 
     async def start(self) -> None:
@@ -97,19 +71,25 @@ class RayProvider:
         await asyncio.gather(*(llm.shutdown() for llm in self._llms.values()))
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: str) -> AsyncIterator[RayLease]:
+    async def lease(self, name: str) -> AsyncIterator[Lease]:
+        adapter = self._adapters.get(name)
+        if adapter is not None:
+            yield adapter_lease(adapter, await self._lease(adapter.base))
+        else:
+            yield await self._lease(name)
+
+    async def _lease(self, name: str) -> Lease:
         spec = self.catalog.resolve(name)
         if spec.kind.is_llm:
             llm = self._llms.get(spec.id)
             if llm is None:
                 raise ModelUnavailableError(f"{spec.id} is not ready yet", retry_after_s=2.0)
-            yield RayLease(spec, llm, {})
-            return
+            return Lease(spec.id, spec.kind, llm)
         predictor = self._predictor(spec)
         if spec.kind == ModelKind.TENSOR and spec.id not in self._metadata:
             self._metadata[spec.id] = await predictor.call("metadata")
         self._loaded.add(spec.id)
-        yield RayLease(spec, predictor, self._metadata.get(spec.id, {}))
+        return Lease(spec.id, spec.kind, predictor, self._metadata.get(spec.id, {}))
 
     async def load(self, name: str) -> None:
         spec = self.catalog.resolve(name)
@@ -124,10 +104,17 @@ class RayProvider:
             self._loaded.discard(spec.id)
 
     def spec(self, name: str) -> ModelSpec:
+        adapter = self._adapters.get(name)
+        if adapter is not None:
+            return adapter_spec(adapter, self.catalog.resolve(adapter.base))
         return self.catalog.resolve(name)
 
+    def catalog_entries(self) -> list[ModelSpec]:
+        return list(self.catalog)
+
     def state(self, name: str) -> str:
-        spec = self.catalog.resolve(name)
+        adapter = self._adapters.get(name)
+        spec = self.catalog.resolve(adapter.base if adapter else name)
         loaded = spec.id in self._llms or spec.id in self._loaded
         return "loaded" if loaded else "unloaded"
 
@@ -140,9 +127,30 @@ class RayProvider:
             "models": available,
             "available_models": available,
             "loaded_models": [m for m in available if m["state"] == "loaded"],
+            "adapters": self._adapters.describe(),
             "ready": self.ready,
             "backend": "ray",
         }
+
+    def engine_stats(self) -> dict[str, SchedulerStats]:
+        """None here: engine stats live in each replica (Ray's metrics export)."""
+        return {}
+
+    def adapters(self) -> list[Adapter]:
+        return self._adapters.all()
+
+    def add_adapter(self, name: str, base: str, folder: str) -> Adapter:
+        if name in self.catalog:
+            raise ValueError(f"the LoRA adapter {name!r} has already been loaded")
+        return self._adapters.add(name, self.catalog.resolve(base).id, folder)
+
+    async def remove_adapter(self, name: str) -> Adapter:
+        """Unregister; every replica of the base's deployment frees the adapter."""
+        adapter = self._adapters.remove(name)
+        llm = self._llms.get(adapter.base)
+        if llm is not None:
+            await llm.drop_loras([name])
+        return adapter
 
     def _predictor(self, spec: ModelSpec) -> RayPredictor:
         if self._pool is None:
@@ -163,3 +171,8 @@ def _describe_spec(spec: ModelSpec, state: str) -> dict[str, Any]:
         "state": state,
         "last_error": None,
     }
+
+
+def _conforms(provider: RayProvider) -> ModelProvider:
+    """mypy checks here that the Ray provider implements the whole provider protocol."""
+    return provider

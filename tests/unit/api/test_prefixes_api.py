@@ -16,6 +16,7 @@ from modelyard.api.app import build_app
 from modelyard.api.routes.prefixes import PrefixDirectory, visible
 from modelyard.config import ModelyardConfig
 from modelyard.engine.client.prefixes import EnginePrefixes, PinnedPrefix, PrefixRegistry
+from modelyard.engine.client.protocol import EngineCapabilities
 from modelyard.engine.messages import (
     EngineOutput,
     EngineRequest,
@@ -70,14 +71,23 @@ class FakePinTransport:
 
 @dataclass
 class PinLLM(FakeLLM):
+    """A fake engine that declares pins."""
+
     transport: FakePinTransport = field(default_factory=FakePinTransport)
-    prefixes: EnginePrefixes = field(init=False)
+    capabilities: EngineCapabilities = field(
+        default_factory=lambda: EngineCapabilities(lora=True, pins=True)
+    )
+    pinned: EnginePrefixes = field(init=False)
 
     def __post_init__(self) -> None:
         registry = PrefixRegistry(
             model=self.name, block_size=4, max_pinned_blocks=6, max_model_len=64
         )
-        self.prefixes = EnginePrefixes(self.transport, registry)
+        self.pinned = EnginePrefixes(self.transport, registry)
+
+    @property
+    def prefixes(self) -> EnginePrefixes:
+        return self.pinned
 
     @property
     def tokenizer(self) -> VocabTokenizer:

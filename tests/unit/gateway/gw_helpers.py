@@ -33,13 +33,12 @@ from modelyard.gateway.gateway import Gateway, build_gateway
 from modelyard.gateway.middleware import build_gateway_middleware
 from modelyard.gateway.request_path import (
     Demand,
-    LLMLease,
-    PredictorLease,
     RequestPath,
     admit_request,
     runs_model,
 )
 from modelyard.gateway.router import build_router
+from modelyard.manager.base import Lease
 
 ISSUER = "https://idp.test"
 AUDIENCE = "modelyard"
@@ -116,7 +115,7 @@ def build_fake_app(
             sequences=1,
         )
 
-        async def start(lease: LLMLease) -> None:
+        async def start(lease: Lease) -> None:
             return None
 
         served = await app.state.request_path.open_llm(request, body["model"], demand, start)
@@ -133,7 +132,7 @@ def build_fake_app(
         items = len(body.get("inputs") or [None])
         demand = Demand.inference(items=items, input_bytes=len(await request.body()))
 
-        async def run(lease: PredictorLease) -> None:
+        async def run(lease: Lease) -> None:
             return None
 
         _, lease = await app.state.request_path.predict(request, name, demand, run)

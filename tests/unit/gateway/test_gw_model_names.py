@@ -30,7 +30,7 @@ CHAT = ModelSpec(
     backend="llm",
 )
 OTHER = ModelSpec(id="qwen", aliases=("qwen-small",), kind=ModelKind.CHAT, backend="llm")
-# a LoRA adapter's entry, as api/lora.py's AdapterProvider makes it: its base under its name
+# a LoRA adapter's entry, as manager/adapters.py's adapter_spec makes it: its base under its name
 ADAPTER = ModelSpec(id="finance", name="finance", kind=ModelKind.CHAT, backend="llm")
 
 

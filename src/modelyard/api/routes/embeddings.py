@@ -21,11 +21,11 @@ from modelyard.api.errors import APIError
 from modelyard.api.inputs import as_list
 from modelyard.gateway.request_path import (
     Demand,
-    PredictorLease,
     RequestPath,
     declared_bytes,
     runs_model,
 )
+from modelyard.manager.base import Lease
 from modelyard.model_spec import ModelKind
 
 router = APIRouter()
@@ -57,7 +57,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
         serves="embedding models",
     )
 
-    async def run(lease: PredictorLease) -> Any:
+    async def run(lease: Lease) -> Any:
         try:
             return await lease.predictor.predict(texts, {"usage": True})
         except ValueError as exc:  # a text the model refuses

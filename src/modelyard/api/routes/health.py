@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse
 
 from modelyard.api.errors import APIError
-from modelyard.gateway.request_path import require_admin
+from modelyard.gateway.request_path import provider_of, require_admin
 
 router = APIRouter()
 
@@ -48,7 +48,7 @@ async def ready(request: Request) -> JSONResponse:
 async def engine_stats(model: str, request: Request) -> dict[str, Any]:
     if not request.app.state.config.server.debug_endpoints:
         raise APIError(404, "debug endpoints are disabled")
-    provider = request.app.state.provider
+    provider = provider_of(request)
     model_id = provider.spec(model).id
     stats = provider.engine_stats().get(model_id)
     if stats is None:

@@ -35,26 +35,21 @@ from modelyard.api.kserve_format import (
 from modelyard.api.listing import visible_catalog
 from modelyard.gateway.request_path import (
     Demand,
-    PredictorLease,
     RequestPath,
     declared_bytes,
+    provider_of,
     require_admin,
     runs_model,
     ticket_of,
 )
+from modelyard.manager.base import Lease
 from modelyard.model_spec import ModelKind
 
 router = APIRouter()
 
 
-def _provider(request: Request) -> Any:
-    return request.app.state.provider
-
-
 def _is_ready(request: Request) -> bool:
-    return bool(getattr(request.app.state, "ready", True)) and bool(
-        getattr(_provider(request), "ready", True)
-    )
+    return bool(request.app.state.ready) and provider_of(request).ready
 
 
 @router.get("/v2/health/live")
@@ -85,7 +80,7 @@ def _check_version(spec: Any, version: str | None) -> None:
 @router.get("/v2/models/{name}")
 @router.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(name: str, request: Request, version: str | None = None) -> dict[str, Any]:
-    provider = _provider(request)
+    provider = provider_of(request)
     _path(request).authorize(ticket_of(request), name)
     spec = provider.spec(name)
     _check_version(spec, version)
@@ -108,7 +103,7 @@ async def model_metadata(name: str, request: Request, version: str | None = None
 @router.get("/v2/models/{name}/ready")
 @router.get("/v2/models/{name}/versions/{version}/ready")
 async def model_ready(name: str, request: Request, version: str | None = None) -> JSONResponse:
-    provider = _provider(request)
+    provider = provider_of(request)
     _path(request).authorize(ticket_of(request), name)
     spec = provider.spec(name)
     _check_version(spec, version)
@@ -129,14 +124,14 @@ async def infer(name: str, request: Request, version: str | None = None) -> dict
         wanted = [output["name"] for output in body.get("outputs", [])]
     demand = Demand.inference(items=_batch_size(body), input_bytes=declared_bytes(request))
 
-    async def run(lease: PredictorLease) -> Any:
-        _check_version(_provider(request).spec(lease.model_id), version)
+    async def run(lease: Lease) -> Any:
+        _check_version(provider_of(request).spec(lease.model_id), version)
         with parsing_request():
             items = items_from_request(lease.kind, body)
         return await lease.predictor.predict(items, options)
 
     outputs, lease = await _path(request).predict(request, name, demand, run)
-    spec = _provider(request).spec(lease.model_id)
+    spec = provider_of(request).spec(lease.model_id)
     return {
         "model_name": spec.id,
         "model_version": spec.version,
@@ -178,11 +173,11 @@ async def repository_index(request: Request) -> list[dict[str, Any]]:
 
 @router.post("/v2/repository/models/{name}/load", dependencies=[Depends(require_admin)])
 async def repository_load(name: str, request: Request) -> dict[str, Any]:
-    await _provider(request).load(name)
+    await provider_of(request).load(name)
     return {}
 
 
 @router.post("/v2/repository/models/{name}/unload", dependencies=[Depends(require_admin)])
 async def repository_unload(name: str, request: Request) -> dict[str, Any]:
-    await _provider(request).unload(name)
+    await provider_of(request).unload(name)
     return {}

@@ -33,7 +33,7 @@ from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
 from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.sampling_params import SamplingParams
-from modelyard.gateway.request_path import runs_model
+from modelyard.gateway.request_path import provider_of, runs_model
 
 router = APIRouter()
 
@@ -108,14 +108,14 @@ async def list_models(request: Request) -> dict[str, Any]:
     ]
     data += [
         {
-            "id": adapter.lora.name,
+            "id": adapter.name,
             "object": "model",
             "created": created,
             "owned_by": "modelyard",
             "parent": adapter.base,
         }
-        for adapter in getattr(request.app.state, "loras", ())
-        if may_call(request, adapter.lora.name)
+        for adapter in provider_of(request).adapters()
+        if may_call(request, adapter.name)
     ]
     return {"object": "list", "data": data}
 

@@ -27,11 +27,11 @@ from modelyard.backends.image import MAX_IMAGE_BYTES
 from modelyard.backends.tensors import named_tensors
 from modelyard.gateway.request_path import (
     Demand,
-    PredictorLease,
     RequestPath,
     declared_bytes,
     runs_model,
 )
+from modelyard.manager.base import Lease
 from modelyard.model_spec import ModelKind
 
 router = APIRouter()
@@ -88,7 +88,7 @@ async def predict(request: Request) -> dict[str, Any]:
     count = len(input_data) if isinstance(input_data, list) else 1
     demand = Demand.inference(items=count, input_bytes=declared_bytes(request))
 
-    async def run(lease: PredictorLease) -> Any:
+    async def run(lease: Lease) -> Any:
         try:
             items = input_data if uploads else items_for_kind(lease.kind, input_data)
             if lease.kind == ModelKind.TENSOR:

@@ -57,12 +57,12 @@ from modelyard.gateway.base import Principal
 from modelyard.gateway.pin_policy import PinPolicy
 from modelyard.gateway.request_path import (
     Demand,
-    LLMLease,
     RequestPath,
     principal_of,
     runs_model,
     ticket_of,
 )
+from modelyard.manager.base import Lease
 
 router = APIRouter()
 
@@ -108,20 +108,16 @@ class PrefixDirectory:
 
 
 def directory_of(request: Request) -> PrefixDirectory:
-    state = request.app.state
-    directory = getattr(state, "prefixes", None)
-    if not isinstance(directory, PrefixDirectory):
-        directory = PrefixDirectory()
-        state.prefixes = directory
+    directory: PrefixDirectory = request.app.state.prefixes  # set by api/app.py
     return directory
 
 
 def engine_prefixes(llm: LLMClient, model: str) -> EnginePrefixes:
-    """The pins of an LLM client; 400 when its engine cannot pin."""
-    engine = getattr(llm, "prefixes", None)
-    if not isinstance(engine, EnginePrefixes):
-        raise APIError(400, f"model {model!r} does not support pinned prefixes", param="model")
-    return engine
+    """The pins of an LLM client; 400 naming the feature when its engine declares no pins."""
+    if not llm.capabilities.pins:
+        message = f"model {model!r} does not support pinned prefixes"
+        raise APIError(400, message, param="model", code="unsupported_feature")
+    return llm.prefixes
 
 
 def visible(prefix: PinnedPrefix, principal: Principal) -> bool:
@@ -149,7 +145,7 @@ async def create_prefix(body: PrefixRequest, request: Request) -> dict[str, Any]
         sequences=1,
     )
 
-    async def pin(lease: LLMLease) -> PinnedPrefix:
+    async def pin(lease: Lease) -> PinnedPrefix:
         engine = engine_prefixes(lease.llm, body.model)
         token_ids = await _prefix_tokens(lease.llm, body, messages)
         directory_of(request).add(engine)

@@ -36,6 +36,7 @@ from modelyard.engine.client.output_processor import (
 )
 from modelyard.engine.client.prefixes import EnginePrefixes, PrefixRegistry
 from modelyard.engine.client.protocol import (
+    EngineCapabilities,
     EngineDeadError,
     EngineOverloadedError,
     RequestOutput,
@@ -59,9 +60,12 @@ class AsyncLLM:
         *,
         model_name: str,
         admission: AdmissionConfig | None = None,
+        capabilities: EngineCapabilities | None = None,
     ) -> None:
-        """Wrap a ready client; `start` is the usual way in."""
+        """Wrap a ready client; `start` is the usual way in (it declares the capabilities the
+        engine config gives: LoRA, speculation; pins always)."""
         admission = admission or AdmissionConfig()
+        self._capabilities = capabilities or EngineCapabilities(pins=True)
         self._client = client
         self._tokenizer = tokenizer
         self._model_name = model_name
@@ -102,7 +106,16 @@ class AsyncLLM:
             tokenizer,
             model_name=model_name,
             admission=config.admission,
+            capabilities=EngineCapabilities(
+                lora=config.lora is not None,
+                pins=True,
+                speculation=config.speculative is not None,
+            ),
         )
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self._capabilities
 
     @property
     def model_name(self) -> str:
@@ -216,7 +229,7 @@ class AsyncLLM:
             await self._client.abort(state.unfinished_ids())
 
     async def drop_loras(self, names: list[str]) -> None:
-        if self._client.is_alive:
+        if self._capabilities.lora and self._client.is_alive:
             await self._client.send(DropLoRAs(names=list(names)))
 
     async def shutdown(self) -> None:

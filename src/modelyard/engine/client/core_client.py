@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from modelyard.engine.client.protocol import EngineDeadError
+from modelyard.engine.client.errors import EngineDeadError
 from modelyard.engine.config import EngineConfig
 from modelyard.engine.messages import (
     COMMAND_CODEC,

@@ -9,26 +9,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from modelyard.engine.client.errors import EngineDeadError as EngineDeadError
+from modelyard.engine.client.errors import EngineOverloadedError as EngineOverloadedError
+from modelyard.engine.client.errors import MissingCapabilityError as MissingCapabilityError
+from modelyard.engine.client.errors import PromptTooLongError as PromptTooLongError
 from modelyard.engine.messages import FinishReason, LoRARequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 
-
-class EngineDeadError(RuntimeError):
-    """The engine worker died or stopped answering; every in-flight request gets this."""
-
-
-class EngineOverloadedError(RuntimeError):
-    """The engine's bounded waiting queue is full (by requests or by prompt tokens)."""
-
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class PromptTooLongError(ValueError):
-    """prompt tokens + max_tokens exceed the model's context (or the prompt alone does)."""
+if TYPE_CHECKING:
+    from modelyard.engine.client.prefixes import EnginePrefixes
 
 
 @dataclass(slots=True)
@@ -90,8 +81,27 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineCapabilities:
+    """What optional features an engine client serves; a route checks these, never probes.
+
+    A route that needs a feature its model's engine lacks answers 400 naming it."""
+
+    lora: bool = False  # runs requests with a LoRA adapter (`generate(lora=...)`, `drop_loras`)
+    pins: bool = False  # pins prefixes in its KV cache (`prefixes`)
+    speculation: bool = False  # speculative decoding is configured
+    structured_output: bool = False  # grammar-constrained decoding (not served yet)
+    tools: bool = False  # tool calls (not served yet)
+
+
 class LLMClient(Protocol):
-    """An LLM engine seen from the API process."""
+    """An LLM engine seen from the API process. Optional features are declared in
+    `capabilities`; calling one that is not declared raises MissingCapabilityError."""
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """The optional features this engine serves."""
+        ...
 
     @property
     def model_name(self) -> str: ...
@@ -114,13 +124,35 @@ class LLMClient(Protocol):
         request_id: str,
         *,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request and stream its outputs; the last has finished=True.
+        """Submit a request and stream its outputs; the last has finished=True. `lora` runs it
+        with that adapter (only with `capabilities.lora`).
 
         Raises PromptTooLongError / ValueError (bad params) / EngineOverloadedError before the
         first yield; EngineDeadError at any point. Closing the iterator early (client gone)
         aborts the request in the engine.
         """
+        ...
+
+    async def drop_loras(self, names: list[str]) -> None:
+        """These adapters were unregistered: the engine frees their memory (a no-op without
+        `capabilities.lora`)."""
+        ...
+
+    @property
+    def prefixes(self) -> EnginePrefixes:
+        """This engine's pinned prefixes; MissingCapabilityError without `capabilities.pins`."""
+        ...
+
+    @property
+    def holds_pinned_prefixes(self) -> bool:
+        """Pinned prefixes live in this engine (evicting it would drop them)."""
+        ...
+
+    @property
+    def pid(self) -> int | None:
+        """The engine worker's process id (None when it runs elsewhere)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -133,28 +165,3 @@ class LLMClient(Protocol):
     def is_alive(self) -> bool: ...
 
     async def shutdown(self) -> None: ...
-
-
-class LoRAClient(LLMClient, Protocol):
-    """An engine client that serves LoRA adapters (engine.client.async_llm.AsyncLLM is one)."""
-
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams,
-        request_id: str,
-        *,
-        priority: int = 0,
-        lora: LoRARequest | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """LLMClient.generate, with the adapter `lora` applied when given."""
-        ...
-
-    async def drop_loras(self, names: list[str]) -> None:
-        """These adapters were unregistered: the engine frees their memory."""
-        ...
-
-
-def serves_lora(llm: LLMClient) -> bool:
-    """True when the client can run requests with a LoRA adapter."""
-    return callable(getattr(llm, "drop_loras", None))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
 import msgspec
 
@@ -24,27 +23,21 @@ from modelyard.engine.config import EngineConfig
 from modelyard.engine.core.isolation import isolate_failure
 from modelyard.engine.core.prefixes import PrefixPins, pin_limit_blocks
 from modelyard.engine.core.scheduler import Scheduler
-from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
+from modelyard.engine.core.scheduler_output import (
+    LoRARunner,
+    RunnerOutput,
+    SchedulerOutput,
+    StepRunner,
+)
 from modelyard.engine.core.spec_decode import SpecDecodePolicy
 from modelyard.engine.messages import (
     EngineOutput,
     EngineRequest,
-    LoRARequest,
     PinPrefix,
     SchedulerStats,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class LoRARunner(Protocol):
-    """What a runner needs for LoRA adapters (runner.model_runner.ModelRunner has it)."""
-
-    def check_lora(self, lora: LoRARequest) -> None: ...
-
-    def drop_loras(self, names: list[str]) -> None: ...
-
-    def fill_lora_stats(self, stats: SchedulerStats) -> None: ...
 
 
 class EngineCore:
@@ -62,9 +55,9 @@ class EngineCore:
         self.runner = runner
         self._lora: LoRARunner | None = None
         if config.lora is not None:
-            if not all(hasattr(runner, m) for m in ("check_lora", "drop_loras", "fill_lora_stats")):
+            self._lora = runner.lora
+            if self._lora is None:
                 raise ValueError("this runner cannot serve LoRA adapters")
-            self._lora = runner  # type: ignore[assignment]
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,

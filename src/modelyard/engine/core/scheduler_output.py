@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from modelyard.engine.messages import LoRARequest, TokenLogprobs
+from modelyard.engine.messages import LoRARequest, SchedulerStats, TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 
 
@@ -124,6 +124,28 @@ class StepRunner(Protocol):
         """Token ids the model's embedding accepts: [0, vocab_size)."""
         ...
 
+    @property
+    def lora(self) -> LoRARunner | None:
+        """The runner's LoRA side; None when it serves no adapters (the core reads it only when
+        the engine config enables LoRA)."""
+        ...
+
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         """Run one step on the model; sample for the requests with sample=True."""
+        ...
+
+
+class LoRARunner(Protocol):
+    """What a runner needs for LoRA adapters (runner.model_runner.ModelRunner has it)."""
+
+    def check_lora(self, lora: LoRARequest) -> None:
+        """Raise ValueError when the adapter cannot be read or does not fit the model."""
+        ...
+
+    def drop_loras(self, names: list[str]) -> None:
+        """Free these adapters' weights."""
+        ...
+
+    def fill_lora_stats(self, stats: SchedulerStats) -> None:
+        """Write the adapter cache's figures into the scheduler snapshot."""
         ...

@@ -130,7 +130,7 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
         tokenizer_path=str(runner.tokenizer_path),
         model_path=str(runner.model_path),
         dtype=config.model.dtype,
-        implementation=str(getattr(runner, "implementation", config.model.implementation)),
+        implementation=runner.implementation,
         rss_bytes=psutil.Process().memory_info().rss,
         vocab_size=runner.vocab_size,
         max_pinned_blocks=core.prefixes.limit_blocks,
