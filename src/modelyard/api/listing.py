@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from modelyard.gateway.request_path import RequestPath, principal_of
+from modelyard.gateway.request_path import RequestPath, principal_of, provider_of
 
 #: Per-model fields a tenant may see (the rest is for admins).
 _PUBLIC_FIELDS = ("id", "name", "aliases", "kind", "backend", "version", "description", "state")
@@ -31,7 +31,7 @@ def may_call(request: Request, name: str) -> bool:
 
 def visible_catalog(request: Request) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """(the catalog models the caller may use, the provider's whole listing, is admin)."""
-    described: dict[str, Any] = request.app.state.provider.describe()
+    described = provider_of(request).describe()
     available = described.get("available_models", [])
     models = [
         dict(m) for m in available if isinstance(m, dict) and may_call(request, str(m.get("id")))

@@ -119,7 +119,8 @@ class ModelProvider(Protocol):
         ...
 
     def state(self, name: str) -> str:
-        """ "loaded", "loading", "unloaded" or "failed" (ModelNotFoundError if unknown)."""
+        """One of loaded, loading, unloaded, failed (ModelNotFoundError if unknown); an
+        adapter's is its base's."""
         ...
 
     def metadata(self, name: str) -> dict[str, Any] | None:

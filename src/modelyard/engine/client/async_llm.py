@@ -39,6 +39,7 @@ from modelyard.engine.client.protocol import (
     EngineCapabilities,
     EngineDeadError,
     EngineOverloadedError,
+    LLMClient,
     RequestOutput,
     Tokenizer,
 )
@@ -314,3 +315,8 @@ class OutputCollector:
                 self._waiter = None
         output, self._pending = self._pending, None
         return output
+
+
+def _conforms(llm: AsyncLLM) -> LLMClient:
+    """mypy checks here that AsyncLLM implements the whole engine client protocol."""
+    return llm
