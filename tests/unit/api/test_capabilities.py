@@ -65,3 +65,12 @@ def test_capabilities_are_off_unless_declared() -> None:
     assert EngineCapabilities() == EngineCapabilities(
         lora=False, pins=False, speculation=False, structured_output=False, tools=False
     )
+
+
+async def test_loading_an_adapter_where_no_model_serves_lora_is_a_501(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {"lora_name": "new", "lora_path": "/adapters/new"}
+    response = await client.post("/v1/load_lora_adapter", json=body)
+    assert response.status_code == 501, response.text
+    assert "serves LoRA adapters" in response.json()["error"]["message"]
