@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.config import CacheConfig, ModelConfig, kernels_from_environment
 from modelyard.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.loader import DEFAULT_MODEL
@@ -39,6 +39,7 @@ def main() -> None:
     runner = ModelRunner(
         ModelConfig(model=args.model, dtype=args.dtype, num_threads=args.threads),
         CacheConfig(block_size=block_size, num_blocks=args.batch * per_req + 1),
+        kernels=kernels_from_environment(),
     )
     params = SamplingParams(temperature=0.0)
     tables = [list(range(1 + i * per_req, 1 + (i + 1) * per_req)) for i in range(args.batch)]

@@ -187,7 +187,8 @@ def machine_info() -> dict[str, Any]:
 
     import torch
 
-    from modelyard.runner.kernel_config import cpu_flags, cpu_model, kernel_config
+    from modelyard.engine.config import kernels_from_environment
+    from modelyard.runner.kernel_config import cpu_flags, cpu_model
 
     flags = cpu_flags()
     commit = subprocess.run(
@@ -198,7 +199,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "host_kind": host_kind(),
         "emulated": describe(),  # a lower kind played on this host (benchmarks/emulation.py)
-        "kernel_isa": kernel_config().isa,
+        "kernel_isa": kernels_from_environment().isa,
         "cpu_model": cpu_model(),
         "cpu_flags": [f for f in _ISA_FLAGS if f in flags],
         **cpu_identity(),

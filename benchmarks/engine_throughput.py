@@ -191,7 +191,7 @@ def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str
         cache=CacheConfig(kv_cache_bytes=args.kv_cache_mb * 1024**2),
         scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=args.token_budget),
     )
-    core = EngineCore(config, ModelRunner(config.model, config.cache))
+    core = EngineCore(config, ModelRunner(config.model, config.cache, kernels=config.kernels))
     tok = AutoTokenizer.from_pretrained(folder)
     gc.collect()
     gc.freeze()  # as the engine worker does once loaded

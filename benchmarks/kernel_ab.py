@@ -51,8 +51,9 @@ from typing import Any
 
 import torch
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernel_build
-from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner.kernel_config import use_kernel_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -99,7 +100,7 @@ def build(tag: str, rev: str | None, root: Path) -> Any:
         name=f"ab_{tag}",
         sources=[str(p) for p in sorted(out.glob("*.cpp"))],
         # the runner's flags for the kind (MODELYARD_ISA)
-        extra_cflags=kernel_build.kind_flags(kernel_config().isa),
+        extra_cflags=kernel_build.kind_flags(kernels_from_environment().isa),
         extra_ldflags=["-fopenmp"],
         build_directory=str(out / "build"),
         is_python_module=False,
@@ -319,6 +320,7 @@ def timed_run(run: Callable[[Any], torch.Tensor], ops: Any, *, team: bool) -> to
 
 
 def main() -> None:
+    use_kernel_config(kernels_from_environment())  # this script's config layer
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="git revision of the first build")
     parser.add_argument("--head", default=None, help="git revision of the second (default: tree)")

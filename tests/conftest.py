@@ -10,5 +10,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from fakes.echo import register_echo
+from modelyard.engine.config import kernels_from_environment
+from modelyard.runner.kernel_config import use_kernel_config
 
 register_echo()
+use_kernel_config(kernels_from_environment())  # what a runner built here without one uses

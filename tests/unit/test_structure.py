@@ -192,3 +192,43 @@ def test_probe_finder_finds_one() -> None:
         "a = getattr(provider, 'state', None)\nb = hasattr(self.runner, 'x')\nc = getattr(x, 'y')"
     )
     assert [p.split(":")[0] for p in _probes(source)] == ["1", "2"]
+
+
+#: Where no module may read or write the environment: the config layer reads it and passes the
+#: values down (the worker's child environment is set up by transport/).
+NO_ENV_ZONES = ("runner", "engine/core", "sources.py")
+#: Known exceptions, each to be removed by the change that fixes it: the kernel build puts the
+#: `ninja` package's folder on PATH for torch's builder; sources.cache_dir reads
+#: MODELYARD_CACHE_DIR.
+KNOWN_ENV_USERS = {Path("runner/kernel_build.py"), Path("sources.py")}
+
+
+def _env_uses(path: Path) -> list[int]:
+    """Lines of `os.environ` / `os.getenv` / `os.putenv` in one module."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "os"
+        and node.attr in ("environ", "getenv", "putenv", "environb")
+    )
+
+
+def test_no_environment_reads_below_the_config_layer() -> None:
+    paths = [p for zone in NO_ENV_ZONES for p in sorted(SRC.glob(f"{zone}/**/*.py"))]
+    paths += [SRC / zone for zone in NO_ENV_ZONES if zone.endswith(".py")]
+    found = {
+        f"{path.relative_to(SRC)}:{line}"
+        for path in paths
+        if path.relative_to(SRC) not in KNOWN_ENV_USERS
+        for line in _env_uses(path)
+    }
+    assert paths
+    assert found == set()
+
+
+def test_environment_finder_finds_one(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("import os\nA = os.environ.get('X')\nB = os.getenv('Y')\n")
+    assert _env_uses(module) == [2, 3]

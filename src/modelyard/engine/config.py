@@ -8,6 +8,7 @@ an EngineConfig, so every default lives here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -198,7 +199,7 @@ class EngineConfig:
     """None: no speculative decoding."""
     lora: LoRAConfig | None = None
     """None: requests may not name a LoRA adapter."""
-    kernels: KernelConfig = setting(factory=KernelConfig.from_env)
+    kernels: KernelConfig = setting(factory=lambda: kernels_from_environment())
     """The runner's kernel switches and instruction-set kind (runner.kernel_config), read from
     the `MODELYARD_*` environment of the process that builds this config, then carried to the
     engine worker: nothing below reads the environment."""
@@ -234,5 +235,11 @@ class EngineConfig:
             **{name: from_mapping(c, parts[name], where) for name, c in sections.items()},
             speculative=SpeculativeConfig.from_options(options, where),
             lora=LoRAConfig.from_options(options, where),
-            kernels=KernelConfig.from_env() if kernels is None else kernels,
+            kernels=kernels_from_environment() if kernels is None else kernels,
         )
+
+
+def kernels_from_environment() -> KernelConfig:
+    """The runner's kernel switches from this process's `MODELYARD_*` environment
+    (runner.kernel_config lists them): the one place they are read."""
+    return KernelConfig.from_env(os.environ)

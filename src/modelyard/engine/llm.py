@@ -85,7 +85,9 @@ class LLM:
             lora = LoRAConfig(**lora)
         config = EngineConfig.from_options(model, options)
         self.config = dataclasses.replace(config, speculative=speculative, lora=lora)
-        self.runner = ModelRunner(self.config.model, self.config.cache, speculative, lora)
+        self.runner = ModelRunner(
+            self.config.model, self.config.cache, speculative, lora, kernels=self.config.kernels
+        )
         self.core = EngineCore(self.config, self.runner)
         self.tokenizer: Tokenizer = load_tokenizer(self.runner.tokenizer_path)
 

@@ -45,7 +45,6 @@ from modelyard.runner.kernel_config import kernel_config
 from modelyard.runner.kv_layout import KV_PLAIN
 
 # prefill chunks on SDPA even where the kernel could attend them (see the module docstring)
-_PREFILL_SDPA = kernel_config().prefill_sdpa
 
 
 @dataclass(slots=True)
@@ -312,7 +311,9 @@ def kernel_attends(meta: AttentionMetadata, dtype: torch.dtype, head_dim: int, l
     """True when `paged_attention` hands every row of the step to the compiled kernel."""
     if layout != KV_PLAIN:
         return True
-    return native_decode_ready(dtype, head_dim) and (meta.all_decodes or not _PREFILL_SDPA)
+    return native_decode_ready(dtype, head_dim) and (
+        meta.all_decodes or not kernel_config().prefill_sdpa
+    )
 
 
 def native_decode_ready(dtype: torch.dtype, head_dim: int) -> bool:

@@ -1,4 +1,9 @@
-"""The runner's kernel switches and the host's instruction-set kind, read once at start-up.
+"""The runner's kernel switches and the host's instruction-set kind.
+
+The config layer reads them once from the environment (`KernelConfig.from_env(os.environ)`, in
+engine/config.py) into the engine config, which carries them to the engine worker; the runner
+installs them for its process (`use_kernel_config`, from the ModelRunner's constructor) and its
+modules read them with `kernel_config()`. Nothing here reads the environment.
 
 Host kinds, best first (each includes the ones after it):
 - `amx`: AMX tiles for bfloat16 (Intel Sapphire/Emerald/Granite Rapids) besides AVX-512 BF16;
@@ -39,8 +44,6 @@ The other switches:
 
 from __future__ import annotations
 
-import functools
-import os
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -126,7 +129,7 @@ def host_kind(flags: frozenset[str] | None = None) -> HostKind:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KernelConfig:
-    """What the runner's kernels may use; `from_env` reads it once."""
+    """What the runner's kernels may use; the config layer builds it with `from_env`."""
 
     isa: HostKind  # the kind the kernels are built and dispatched for (<= the host's)
     host: HostKind  # the host's own kind
@@ -146,8 +149,8 @@ class KernelConfig:
         return KINDS.index(self.isa) <= KINDS.index(kind)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> KernelConfig:
-        env = os.environ if environ is None else environ
+    def from_env(cls, env: Mapping[str, str]) -> KernelConfig:
+        """The `MODELYARD_*` switches of `env` (the module docstring); ValueError if bad."""
         host = host_kind()
         wanted = env.get("MODELYARD_ISA", "") or host
         if wanted not in KINDS:
@@ -190,7 +193,21 @@ class KernelState(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None  # why none loaded (None when loaded or switched off)
 
 
-@functools.cache
+_INSTALLED: list[KernelConfig] = []
+
+
+def use_kernel_config(config: KernelConfig) -> None:
+    """Install the configuration the runner was given for this process. The compiled kernels
+    are one library per process, loaded on first use, so a process runs one configuration: a
+    second, different one is a ValueError."""
+    if _INSTALLED and _INSTALLED[0] != config:
+        raise ValueError("this process's kernels already run another kernel configuration")
+    if not _INSTALLED:
+        _INSTALLED.append(config)
+
+
 def kernel_config() -> KernelConfig:
-    """The process's configuration, read from the environment on first use."""
-    return KernelConfig.from_env()
+    """The configuration installed for this process (RuntimeError before `use_kernel_config`)."""
+    if not _INSTALLED:
+        raise RuntimeError("no kernel configuration installed (runner.kernel_config)")
+    return _INSTALLED[0]

@@ -24,8 +24,15 @@ from typing import Literal
 import msgspec
 import torch
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner.kernel_build import load_kernels, prebuild
-from modelyard.runner.kernel_config import KINDS, KernelState, cpu_flags, kernel_config
+from modelyard.runner.kernel_config import (
+    KINDS,
+    KernelState,
+    cpu_flags,
+    kernel_config,
+    use_kernel_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in prebuild(args.prebuild, [kind for kind in KINDS if kind in wanted]):
             print(path)
         return 0
+    use_kernel_config(kernels_from_environment())  # this command is its process's config layer
     loaded = state()
     if args.report:
         print(msgspec.json.encode(loaded).decode())

@@ -40,7 +40,7 @@ from modelyard.engine.core.scheduler_output import (
 from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
-from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner.kernel_config import KernelConfig, kernel_config, use_kernel_config
 from modelyard.runner.loader import ResolvedModel, resolve_model
 from modelyard.runner.models.hf_generic import GenericModel
 from modelyard.runner.models.llama import LlamaModel, native_supports
@@ -66,11 +66,6 @@ def choose_implementation(resolved: ResolvedModel, requested: str) -> Implementa
     return "native"
 
 
-# decode steps run the kernels' parallel calls with a spinning helper (kernels.team);
-# MODELYARD_DECODE_TEAM=0 keeps ATen's passive threads for them
-_TEAM = kernel_config().decode_team
-
-
 class ModelRunner:
     """Loads a model and its KV cache; runs scheduler steps (implements StepRunner).
 
@@ -85,7 +80,17 @@ class ModelRunner:
         cache_config: CacheConfig,
         speculative: SpeculativeConfig | None = None,
         lora: LoRAConfig | None = None,
+        *,
+        kernels: KernelConfig | None = None,
     ) -> None:
+        """`kernels`: the kernel switches the engine config carries (None: the configuration
+        already installed in this process, runner.kernel_config)."""
+        if kernels is not None:
+            use_kernel_config(kernels)
+        kernels = kernel_config()
+        # decode steps run the kernels' parallel calls with a spinning helper (kernels.team);
+        # decode_team off keeps ATen's passive threads for them
+        self._team = kernels.decode_team
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
         self.resolved = resolve_model(model_config.model)
@@ -120,7 +125,7 @@ class ModelRunner:
                     block_size=self.block_size,
                     max_model_len=self._max_model_len,
                     lora=lora,
-                    gguf=_gguf_source(self.resolved, model_config.gguf_blocks),
+                    gguf=_gguf_source(self.resolved, model_config.gguf_blocks, kernels),
                 )
             else:
                 self._generic = GenericModel(
@@ -135,7 +140,7 @@ class ModelRunner:
                 draft,
                 num_blocks=self._num_blocks,
                 max_model_len=self._max_model_len,
-                team=_TEAM,
+                team=self._team,
             )
 
     @property
@@ -274,7 +279,7 @@ class ModelRunner:
                 rows.extend(range(end - 1 - len(drafts.get(r.request_id, ())), end))
         sample_rows = torch.tensor(rows, dtype=torch.long)  # (S + proposed,)
         lora_rows = [(r.lora, n) for r, n in zip(scheduled, lengths, strict=True)]
-        with kernels.team(meta.all_decodes and _TEAM), self._lora_step(lora_rows):
+        with kernels.team(meta.all_decodes and self._team), self._lora_step(lora_rows):
             return self._native.forward(input_ids, meta, sample_rows)
 
     def _lora_step(
@@ -285,10 +290,10 @@ class ModelRunner:
         return lora.step(rows) if lora is not None else contextlib.nullcontext()
 
 
-def _gguf_source(resolved: ResolvedModel, switch: Switch) -> Path | None:
+def _gguf_source(resolved: ResolvedModel, switch: Switch, kernels: KernelConfig) -> Path | None:
     """The GGUF file whose blocks the linear layers keep (`gguf_blocks: on`, or `auto` with
     MODELYARD_WEIGHTS=gguf), if any."""
-    if switch == "off" or (switch == "auto" and kernel_config().weights != "gguf"):
+    if switch == "off" or (switch == "auto" and kernels.weights != "gguf"):
         return None
     if resolved.converted_from is None:
         log.warning(

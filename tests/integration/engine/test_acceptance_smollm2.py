@@ -7,6 +7,7 @@ with prefix caching, chunked prefill and forced preemption; a bfloat16 smoke run
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from acceptance_helpers import (
 )
 
 from modelyard.runner import attention, bf16_widen
+from modelyard.runner.kernel_config import kernel_config
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.model_runner import ModelRunner
 
@@ -164,7 +166,8 @@ def test_bfloat16_batch_smoke(
     the bf16 GEMM sums in its own order as well: where the kernels have no AVX-512
     (runner.bf16_widen) it sums K in the float32 GEMM's chunks, not torch's order; measured
     there (forced AVX2): 2 of 5 part with SDPA's prefill, each at a near-tie."""
-    monkeypatch.setattr(attention, "_PREFILL_SDPA", prefill_sdpa)
+    config = dataclasses.replace(kernel_config(), prefill_sdpa=prefill_sdpa)
+    monkeypatch.setattr(attention, "kernel_config", lambda: config)
     bf16 = load_runner(DEFAULT_MODEL, dtype="bfloat16", num_blocks=48)
     prompts = {rid: ids for rid, ids in batch.items() if len(ids) in (5, 12, 23, 40, 64)}
     run = run_core(make_core(bf16), prompts)

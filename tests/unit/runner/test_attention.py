@@ -5,6 +5,7 @@ the compiled kernel and on the torch path."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -18,6 +19,7 @@ from modelyard.runner.attention import (
     paged_attention,
     store_kv,
 )
+from modelyard.runner.kernel_config import kernel_config
 
 pytestmark = pytest.mark.unit
 
@@ -107,7 +109,8 @@ def test_mixed_step_matches_unpaged_sdpa(
 ) -> None:
     """Decodes, a fresh prefill and a continued prefill in one flat batch, scattered blocks;
     prompt rows on the kernel or on SDPA (MODELYARD_PREFILL_SDPA)."""
-    monkeypatch.setattr(attention, "_PREFILL_SDPA", prefill_sdpa)
+    config = dataclasses.replace(kernel_config(), prefill_sdpa=prefill_sdpa)
+    monkeypatch.setattr(attention, "kernel_config", lambda: config)
     torch.manual_seed(1)
     rng = random.Random(1)
     starts = [9, 0, 5, 30, 10]  # cached tokens before this step
@@ -299,7 +302,8 @@ def test_kernel_attends_prefill_rows_as_sdpa_does_in_bfloat16(
     meta = AttentionMetadata.build(starts, lengths, tables, BS, window)
     store_kv(new_k, new_v, k_cache, v_cache, meta)
     native = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
-    monkeypatch.setattr(attention, "_PREFILL_SDPA", True)
+    config = dataclasses.replace(kernel_config(), prefill_sdpa=True)
+    monkeypatch.setattr(attention, "kernel_config", lambda: config)
     sdpa_prefills = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
     monkeypatch.setattr(attention, "native_decode_ready", lambda dtype, head_dim: False)
     torch_path = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)

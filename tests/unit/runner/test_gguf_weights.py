@@ -114,16 +114,15 @@ def test_a_wrong_kind_or_shape_is_refused() -> None:
     [("", "auto", False), ("gguf", "auto", True), ("", "on", True), ("gguf", "off", False)],
 )
 def test_the_catalog_switch_and_the_environment_choose_the_blocks(
-    monkeypatch: pytest.MonkeyPatch, env: str, switch: str, used: bool
+    env: str, switch: str, used: bool
 ) -> None:
     config = KernelConfig.from_env({"MODELYARD_WEIGHTS": env})
-    monkeypatch.setattr(model_runner, "kernel_config", lambda: config)
     gguf = ResolvedModel(
         "m.gguf", Path("folder"), "LlamaForCausalLM", None, Path("t"), Path("m.gguf")
     )
-    assert model_runner._gguf_source(gguf, switch) == (Path("m.gguf") if used else None)
+    assert model_runner._gguf_source(gguf, switch, config) == (Path("m.gguf") if used else None)
     folder = ResolvedModel("folder", Path("folder"), "LlamaForCausalLM", None, Path("t"), None)
-    assert model_runner._gguf_source(folder, switch) is None
+    assert model_runner._gguf_source(folder, switch, config) is None
 
 
 def test_gguf_blocks_is_a_checked_engine_option() -> None:

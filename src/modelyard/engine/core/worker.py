@@ -121,7 +121,9 @@ def _build(config: EngineConfig) -> tuple[Core, EngineReady]:
     from modelyard.engine.core.engine_core import EngineCore
     from modelyard.runner.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache, config.speculative, config.lora)
+    runner = ModelRunner(
+        config.model, config.cache, config.speculative, config.lora, kernels=config.kernels
+    )
     core = EngineCore(config, runner)
     ready = EngineReady(
         num_blocks=runner.num_kv_blocks,
