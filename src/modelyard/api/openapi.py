@@ -176,7 +176,7 @@ _EXTRA_STATUSES = {
     ("delete", "/v1/prefixes/{prefix_id}"): {404},
     # no agent index (404); or the status of one of the agent's own model calls
     ("post", "/v1/agent/ask"): {404, 500, 504, 507},
-    ("post", "/v1/load_lora_adapter"): {404, 501},  # an unknown base; no LLM serves LoRA
+    ("post", "/v1/load_lora_adapter"): {404},  # an unknown base
     ("post", "/v1/unload_lora_adapter"): {404},  # an adapter not loaded
 }
 

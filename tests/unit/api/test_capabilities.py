@@ -67,10 +67,11 @@ def test_capabilities_are_off_unless_declared() -> None:
     )
 
 
-async def test_loading_an_adapter_where_no_model_serves_lora_is_a_501(
+async def test_loading_an_adapter_where_no_model_serves_lora_is_a_400(
     client: httpx.AsyncClient,
 ) -> None:
     body = {"lora_name": "new", "lora_path": "/adapters/new"}
     response = await client.post("/v1/load_lora_adapter", json=body)
-    assert response.status_code == 501, response.text
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "unsupported_feature"
     assert "serves LoRA adapters" in response.json()["error"]["message"]

@@ -9,7 +9,8 @@
   wrong), 404 for an unknown base.
 - unload {lora_name}: `ModelProvider.remove_adapter` (404 if unknown); a loaded base engine
   frees its memory once no running request uses it.
-A server whose catalog has no LLM that serves LoRA answers 501 to a load without `base_model`.
+A server whose catalog has no LLM that serves LoRA answers 400 (code `unsupported_feature`) to a
+load without `base_model`: the request asks for a feature this server does not offer.
 Both answer vLLM's plain-text success messages. They name server-side folders, so they need the
 admin scope (the gateway's `require_admin`; with auth off every caller holds it).
 """
@@ -103,7 +104,9 @@ def _base_spec(provider: ModelProvider, base_model: str | None) -> ModelSpec:
         s for s in provider.catalog_entries() if s.kind.is_llm and _lora_config(s) is not None
     ]
     if not candidates:
-        raise APIError(501, "no model of this server serves LoRA adapters", code="unsupported")
+        raise APIError(
+            400, "no model of this server serves LoRA adapters", code="unsupported_feature"
+        )
     if len(candidates) != 1:
         raise APIError(400, "name the base_model: it must be an LLM that serves LoRA adapters")
     return candidates[0]
