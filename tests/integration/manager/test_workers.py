@@ -52,6 +52,13 @@ def tiny_onnx(path: Path) -> Path:
     return path
 
 
+def worker_pid(manager: Manager, model_id: str) -> int:
+    """The worker process of a loaded model, as the /models listing shows it."""
+    (pid,) = [m["pid"] for m in manager.describe()["loaded_models"] if m["id"] == model_id]
+    assert isinstance(pid, int)
+    return pid
+
+
 async def test_crashed_worker_fails_in_flight_then_recovers() -> None:
     entry = {
         "id": "echo",
@@ -63,12 +70,12 @@ async def test_crashed_worker_fails_in_flight_then_recovers() -> None:
     manager = manager_of(entry)
     try:
         async with manager.lease("echo") as lease:
-            first_pid = lease.pid
+            first_pid = worker_pid(manager, "echo")
             with pytest.raises(ModelUnavailableError, match="exited"):
                 await lease.predictor.predict(["boom"])
         async with manager.lease("echo") as lease:  # the next request reloads
             assert await lease.predictor.predict(["two words"]) == [[9.0, 2.0]]
-            assert lease.pid != first_pid
+            assert worker_pid(manager, "echo") != first_pid
         assert manager.stats["loads"] == 2
     finally:
         await manager.close()
@@ -83,7 +90,7 @@ async def test_unload_returns_memory_and_api_rss_stays_flat(tmp_path: Path) -> N
     try:
         for _ in range(20):
             async with manager.lease("tiny") as lease:
-                pid = lease.pid
+                pid = worker_pid(manager, "tiny")
                 (out,) = await lease.predictor.predict([x])
             assert out["y"]["data"] == [1.0, 4.0, 7.0]
             await manager.unload("tiny")
