@@ -15,6 +15,7 @@ from gw_helpers import AUDIENCE, ISSUER, RsaSigner
 from gw_redis import free_port
 
 UNIT_DIR = Path(__file__).resolve().parents[2] / "unit" / "gateway"
+TESTS_DIR = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -45,7 +46,8 @@ def gateway_yaml(redis_url: str, db: Path, jwks: Path) -> dict[str, object]:
 
 def start_server(config_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    path = os.pathsep.join(p for p in (str(UNIT_DIR), os.environ.get("PYTHONPATH")) if p)
+    dirs = (str(UNIT_DIR), str(TESTS_DIR), os.environ.get("PYTHONPATH"))  # TESTS_DIR: fakes
+    path = os.pathsep.join(p for p in dirs if p)
     env = {**os.environ, "GW_TEST_CONFIG": str(config_path), "PYTHONPATH": path}
     command = [sys.executable, "-m", "uvicorn", "--factory", "gw_helpers:app_from_env"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
