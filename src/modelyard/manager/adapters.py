@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from modelyard.engine.client.prefixes import EnginePrefixes
 from modelyard.engine.client.protocol import (
@@ -29,6 +30,9 @@ from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.manager.base import Adapter, Lease, ModelNotFoundError
 from modelyard.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    from modelyard.manager.catalog import Catalog
 
 
 class AdapterTable:
@@ -57,6 +61,14 @@ class AdapterTable:
         adapter = Adapter(base, LoRARequest(name=name, path=folder, adapter_id=next(self._ids)))
         self._adapters[name] = adapter
         return adapter
+
+    def add_beside(self, catalog: Catalog, name: str, base: str, folder: str) -> Adapter:
+        """Register an adapter of `base` (any of its names) beside the catalog's models:
+        ValueError if a model or an adapter has the name, ModelNotFoundError for an unknown
+        base. What both providers' `add_adapter` do."""
+        if name in catalog:
+            raise ValueError(f"the LoRA adapter {name!r} has already been loaded")
+        return self.add(name, catalog.resolve(base).id, folder)
 
     def remove(self, name: str) -> Adapter:
         """Unregister; ModelNotFoundError if unknown."""

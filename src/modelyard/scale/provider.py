@@ -140,9 +140,7 @@ class RayProvider:
         return self._adapters.all()
 
     def add_adapter(self, name: str, base: str, folder: str) -> Adapter:
-        if name in self.catalog:
-            raise ValueError(f"the LoRA adapter {name!r} has already been loaded")
-        return self._adapters.add(name, self.catalog.resolve(base).id, folder)
+        return self._adapters.add_beside(self.catalog, name, base, folder)
 
     async def remove_adapter(self, name: str) -> Adapter:
         """Unregister; every replica of the base's deployment frees the adapter."""
