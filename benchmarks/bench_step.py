@@ -12,10 +12,12 @@ streamed from memory once per step.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
 
+from modelyard.build_tools import path_with_ninja
 from modelyard.engine.config import CacheConfig, ModelConfig, kernels_from_environment
 from modelyard.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.engine.sampling_params import SamplingParams
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
+    os.environ["PATH"] = path_with_ninja(os.environ)  # a first-use kernel build runs ninja
     block_size = 16
     per_req = (args.context + 1 + block_size - 1) // block_size
     runner = ModelRunner(

@@ -182,9 +182,12 @@ def run_hf(system: str, folder: str, dtype: str, args: argparse.Namespace) -> di
 def run_modelyard(folder: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from modelyard.build_tools import path_with_ninja
     from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from modelyard.engine.core.engine_core import EngineCore
     from modelyard.runner.model_runner import ModelRunner
+
+    os.environ["PATH"] = path_with_ninja(os.environ)  # a first-use kernel build runs ninja
 
     config = EngineConfig(
         model=ModelConfig(model=folder, dtype=dtype, max_model_len=1024),  # type: ignore[arg-type]

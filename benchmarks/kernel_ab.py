@@ -39,6 +39,7 @@ Both builds use the runner's compiler flags for the selected kind, so `MODELYARD
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import subprocess
@@ -51,9 +52,9 @@ from typing import Any
 
 import torch
 
+from modelyard.build_tools import path_with_ninja
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernel_build
-from modelyard.runner.kernel_config import use_kernel_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -320,7 +321,7 @@ def timed_run(run: Callable[[Any], torch.Tensor], ops: Any, *, team: bool) -> to
 
 
 def main() -> None:
-    use_kernel_config(kernels_from_environment())  # this script's config layer
+    os.environ["PATH"] = path_with_ninja(os.environ)  # this script's config layer: its builds
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="git revision of the first build")
     parser.add_argument("--head", default=None, help="git revision of the second (default: tree)")

@@ -10,8 +10,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from fakes.echo import register_echo
-from modelyard.engine.config import kernels_from_environment
-from modelyard.runner.kernel_config import use_kernel_config
+from modelyard.build_tools import path_with_ninja
 
 register_echo()
-use_kernel_config(kernels_from_environment())  # what a runner built here without one uses
+# a runner built in a test process may build the kernels on first use: torch's builder runs
+# ninja from PATH (the venv's bin folder is not on it when its python is run directly)
+os.environ["PATH"] = path_with_ninja(os.environ)

@@ -197,10 +197,9 @@ def test_probe_finder_finds_one() -> None:
 #: Where no module may read or write the environment: the config layer reads it and passes the
 #: values down (the worker's child environment is set up by transport/).
 NO_ENV_ZONES = ("runner", "engine/core", "sources.py")
-#: Known exceptions, each to be removed by the change that fixes it: the kernel build puts the
-#: `ninja` package's folder on PATH for torch's builder; sources.cache_dir reads
+#: Known exceptions, each to be removed by the change that fixes it: sources.cache_dir reads
 #: MODELYARD_CACHE_DIR.
-KNOWN_ENV_USERS = {Path("runner/kernel_build.py"), Path("sources.py")}
+KNOWN_ENV_USERS = {Path("sources.py")}
 
 
 def _env_uses(path: Path) -> list[int]:

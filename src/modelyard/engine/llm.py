@@ -5,16 +5,19 @@ process, no IPC, no event loop. All prompts are queued at once and the core step
 request finished, so continuous batching, the prefix cache and chunked prefill work exactly as
 in the server. Fan-out, text and stop strings come from the same output processor
 (engine/client/output_processor.py), so offline and served outputs agree. Blocking by design; do not
-call it from an event loop.
+call it from an event loop. As the config layer of its process, it reads the kernel switches from
+the environment (engine.config) and puts ninja on PATH for a first-use kernel build.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from modelyard.build_tools import path_with_ninja
 from modelyard.engine.client.output_processor import (
     RequestState,
     check_prompt_length,
@@ -85,6 +88,8 @@ class LLM:
             lora = LoRAConfig(**lora)
         config = EngineConfig.from_options(model, options)
         self.config = dataclasses.replace(config, speculative=speculative, lora=lora)
+        # this process may build the kernels on first use: torch's builder runs ninja from PATH
+        os.environ["PATH"] = path_with_ninja(os.environ)
         self.runner = ModelRunner(
             self.config.model, self.config.cache, speculative, lora, kernels=self.config.kernels
         )

@@ -10,6 +10,9 @@ sides share.
 
 from __future__ import annotations
 
+import os
+
+from modelyard.build_tools import ninja_dirs
 from modelyard.engine.config import EngineConfig
 from modelyard.transport.zmq_ipc import IpcAddresses
 
@@ -28,6 +31,13 @@ WORKER_ENVIRONMENT = {
         ":glibc.malloc.trim_threshold=17179869184"
     ),
 }
+
+
+def worker_path() -> list[str]:
+    """Folders the engine worker's PATH gets in front: ninja's, where this process does not
+    find it, for a runner that builds its kernels on first use (no prebuilt or cached build:
+    runner.kernel_build)."""
+    return ninja_dirs(os.environ.get("PATH", os.defpath))
 
 
 def worker_main(config: EngineConfig, addresses: IpcAddresses) -> None:

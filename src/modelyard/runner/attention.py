@@ -41,10 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from modelyard.runner import kernels
-from modelyard.runner.kernel_config import kernel_config
 from modelyard.runner.kv_layout import KV_PLAIN
-
-# prefill chunks on SDPA even where the kernel could attend them (see the module docstring)
 
 
 @dataclass(slots=True)
@@ -227,14 +224,17 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     layout: int = KV_PLAIN,
+    *,
+    prefill_sdpa: bool,
 ) -> torch.Tensor:
     """q (T, nh, hd), k/v (T, nkv, hd) new tokens; caches (nkv, NB, bs, hd) -> (T, nh, hd).
 
     The new k/v must already be in the caches (`store_kv`, or the fused `kernels.rope_store`).
-    Caches in the tile layout (runner.kv_layout) are read by the kernel alone.
+    Caches in the tile layout (runner.kv_layout) are read by the kernel alone. `prefill_sdpa`:
+    the kernel switch (runner.kernel_config) that keeps prefill chunks on SDPA.
     """
     nkv, hd = k_cache.shape[0], k_cache.shape[3]
-    if kernel_attends(meta, q.dtype, hd, layout):
+    if kernel_attends(meta, q.dtype, hd, layout, prefill_sdpa=prefill_sdpa):
         tables, seq_lens = meta.kernel_rows()
         return kernels.paged_decode_attention(
             q, k_cache, v_cache, tables, seq_lens, scale, meta.sliding_window, layout
@@ -307,20 +307,20 @@ def _decode_attention(
     )
 
 
-def kernel_attends(meta: AttentionMetadata, dtype: torch.dtype, head_dim: int, layout: int) -> bool:
+def kernel_attends(
+    meta: AttentionMetadata, dtype: torch.dtype, head_dim: int, layout: int, *, prefill_sdpa: bool
+) -> bool:
     """True when `paged_attention` hands every row of the step to the compiled kernel."""
     if layout != KV_PLAIN:
         return True
-    return native_decode_ready(dtype, head_dim) and (
-        meta.all_decodes or not kernel_config().prefill_sdpa
-    )
+    return native_decode_ready(dtype, head_dim) and (meta.all_decodes or not prefill_sdpa)
 
 
 def native_decode_ready(dtype: torch.dtype, head_dim: int) -> bool:
     """True when decodes use the compiled kernel (float32 or bfloat16, head_dim a multiple of 8,
-    kernels built), else the torch path below."""
+    kernels loaded), else the torch path below."""
     native = dtype in (torch.float32, torch.bfloat16) and head_dim % 8 == 0
-    return native and kernels.load()
+    return native and kernels.loaded()
 
 
 def grouped_decode_attention(

@@ -20,15 +20,14 @@ from __future__ import annotations
 import torch
 
 from modelyard.runner import kernels
-from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner.kernel_config import KernelConfig
 
 _NR = 16  # output columns per panel (csrc/panels.h: kNR)
 
 
-def available() -> bool:
+def available(config: KernelConfig) -> bool:
     """True where bf16 layers take this path: kernels built without AVX-512, switch not off."""
-    config = kernel_config()
-    return config.bf16_gemm != "onednn" and not config.has("avx512") and kernels.load()
+    return config.bf16_gemm != "onednn" and not config.has("avx512") and kernels.loaded()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, kernel_attends
-from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.linear import Linear, NativeWeight, SwiGLU
 
 GEMM_KINDS = {"float32": 0, "avx512": 1, "amx": 2}  # csrc/decode_loop.cpp's Gemm
@@ -33,6 +33,7 @@ class LoopShape:
     eps: float
     scale: float
     layout: int  # the caches' layout (runner.kv_layout)
+    prefill_sdpa: bool  # the kernel switch: prefill chunks on SDPA (runner.attention)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,12 @@ class DecodeLoop:
         norms: Sequence[tuple[torch.Tensor, torch.Tensor]],
         caches: tuple[list[torch.Tensor], list[torch.Tensor]],
         shape: LoopShape,
+        kernel_config: KernelConfig,
     ) -> DecodeLoop | None:
         """projections: each layer's (qkv, o, mlp_in, down). None where a layer has another
-        kind of projection (LoRA hooks, int8, GGUF, oneDNN, a bias) or the kinds differ."""
-        if not (kernel_config().decode_loop and kernels.load()):
+        kind of projection (LoRA hooks, int8, GGUF, oneDNN, a bias) or the kinds differ, or
+        `kernel_config.decode_loop` is off."""
+        if not (kernel_config.decode_loop and kernels.loaded()):
             return None
         found = [_native(layer) for layer in projections]
         if not found or any(layer is None for layer in found):
@@ -83,7 +86,9 @@ class DecodeLoop:
     def covers(self, meta: AttentionMetadata, rows: int, dtype: torch.dtype) -> bool:
         """True when a step of `rows` rows runs here exactly as the Python loop would run it."""
         shape = self.shape
-        return rows <= self.max_rows and kernel_attends(meta, dtype, shape.head_dim, shape.layout)
+        return rows <= self.max_rows and kernel_attends(
+            meta, dtype, shape.head_dim, shape.layout, prefill_sdpa=shape.prefill_sdpa
+        )
 
     def run(
         self, x: torch.Tensor, meta: AttentionMetadata, cos: torch.Tensor, signed_sin: torch.Tensor

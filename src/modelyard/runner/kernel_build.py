@@ -10,17 +10,16 @@
 - unset: torch's extension builder (g++, ninja) compiles csrc/ for the selected kind
   (`BUILD_FLAGS`) into `config.kernel_dir` under a name hashing the sources, their folder, torch,
   the flags and the CPU's flags, one builder at a time (runner.build_lock); `scripts/setup`
-  builds ahead.
+  builds ahead. torch runs `ninja` from PATH: the process that starts a builder puts it there
+  (modelyard.build_tools: the kernels command, the engine worker's spawner, the `LLM`).
 When nothing loads, the reason is logged at error level and the kind is "none": the pure-torch
 path computes the same, slower. `MODELYARD_NATIVE_KERNELS=0` switches them off (not an error).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -129,7 +128,6 @@ def load_built(config: KernelConfig) -> None:
     from torch.utils import cpp_extension
 
     name = built_name(config.isa)
-    _ninja_on_path()
     build_dir = Path(config.kernel_dir or Path.home() / ".cache/modelyard/kernels") / name
     build_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_build(build_dir):
@@ -147,7 +145,6 @@ def load_built(config: KernelConfig) -> None:
 def prebuild(folder: Path, kinds: Iterable[HostKind] = KINDS) -> list[Path]:
     """Compile one library per kind into `folder` (readable by every user), loading none."""
     folder.mkdir(parents=True, exist_ok=True)
-    _ninja_on_path()
     built = []
     for kind in kinds:
         name = prebuilt_name(kind)
@@ -180,14 +177,3 @@ def _compile(name: str, cflags: list[str], build_dir: Path) -> None:
         with_cuda=False,
         with_sycl=False,
     )
-
-
-def _ninja_on_path() -> None:
-    """torch's builder runs `ninja` from PATH; the `ninja` package's copy lives in the venv's
-    bin folder, which is not on PATH when the venv's python is run directly."""
-    if shutil.which("ninja"):
-        return
-    with contextlib.suppress(ImportError):
-        import ninja
-
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"

@@ -1,9 +1,10 @@
 """The runner's kernel switches and the host's instruction-set kind.
 
 The config layer reads them once from the environment (`KernelConfig.from_env(os.environ)`, in
-engine/config.py) into the engine config, which carries them to the engine worker; the runner
-installs them for its process (`use_kernel_config`, from the ModelRunner's constructor) and its
-modules read them with `kernel_config()`. Nothing here reads the environment.
+engine/config.py) into the engine config, which carries them to the engine worker; the
+ModelRunner loads the kernels with them (`kernels.load(config)`) and hands them to what it
+builds (the model's linear layers, KV layout, attention and decode loop). Nothing here reads
+the environment.
 
 Host kinds, best first (each includes the ones after it):
 - `amx`: AMX tiles for bfloat16 (Intel Sapphire/Emerald/Granite Rapids) besides AVX-512 BF16;
@@ -191,23 +192,3 @@ class KernelState(msgspec.Struct, frozen=True, kw_only=True):
     # a prebuilt folder, a build on this host, switched off, or unknown (the check failed)
     source: Literal["prebuilt", "built", "off", "unknown"]
     error: str | None = None  # why none loaded (None when loaded or switched off)
-
-
-_INSTALLED: list[KernelConfig] = []
-
-
-def use_kernel_config(config: KernelConfig) -> None:
-    """Install the configuration the runner was given for this process. The compiled kernels
-    are one library per process, loaded on first use, so a process runs one configuration: a
-    second, different one is a ValueError."""
-    if _INSTALLED and _INSTALLED[0] != config:
-        raise ValueError("this process's kernels already run another kernel configuration")
-    if not _INSTALLED:
-        _INSTALLED.append(config)
-
-
-def kernel_config() -> KernelConfig:
-    """The configuration installed for this process (RuntimeError before `use_kernel_config`)."""
-    if not _INSTALLED:
-        raise RuntimeError("no kernel configuration installed (runner.kernel_config)")
-    return _INSTALLED[0]

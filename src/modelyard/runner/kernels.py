@@ -7,32 +7,25 @@ one pass each (RMSNorm, add + RMSNorm, RoPE + cache write, SwiGLU); `gemm*.cpp` 
 layers on weights packed at load (runner.linear), SwiGLU fused into gate/up; `lora.cpp` LoRA
 adapters' deltas (runner.lora.manager); `sampling.cpp` draws the tokens of unfiltered sampling rows
 (runner.sampler); `claim.h` splits work across threads; `rows.h` the scans of argmax and the draw.
-When none load (an error, logged) or `MODELYARD_NATIVE_KERNELS=0`: `load()` is False, and the
-pure-torch path computes the same. `python -m modelyard.runner.kernels` builds this host's
-kernels; `--prebuild DIR` every kind's into DIR; `--report` prints the `KernelState` as JSON."""
+The library is one per process: `load(config)` loads it as the runner's `KernelConfig` says
+(the ModelRunner calls it first), and `loaded()` then tells the code it builds whether the
+compiled ops are there. When none load (an error, logged) or `MODELYARD_NATIVE_KERNELS=0`:
+`load` is False, and the pure-torch path computes the same. `python -m modelyard.runner.kernels`
+(modelyard.kernels_cli) builds this host's kernels; `--prebuild DIR` every kind's into DIR;
+`--report` prints the `KernelState` as JSON."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Literal
 
-import msgspec
 import torch
 
-from modelyard.engine.config import kernels_from_environment
-from modelyard.runner.kernel_build import load_kernels, prebuild
-from modelyard.runner.kernel_config import (
-    KINDS,
-    KernelState,
-    cpu_flags,
-    kernel_config,
-    use_kernel_config,
-)
+from modelyard.runner.kernel_build import load_kernels
+from modelyard.runner.kernel_config import Bf16Gemm, KernelConfig, KernelState, cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +35,31 @@ def cpu_has(flag: str) -> bool:
     return flag in cpu_flags()
 
 
-@functools.cache
-def state() -> KernelState:
-    """The kernels this process loaded (loading them on first call)."""
-    return load_kernels(kernel_config())
+# this process's library, once loaded (one per process), and the switches that chose it
+_STATE: list[tuple[tuple[object, ...], KernelState]] = []
 
 
-def load() -> bool:
-    """True when the kernels are loaded (loading them on first call)."""
-    return state().kind != "none"
+def state(config: KernelConfig) -> KernelState:
+    """The kernels this process loaded, loading them as `config` says on the first call
+    (runner.kernel_build). The library stays for the process: a later config that would
+    load another one (other kind, folders or the switch) is a ValueError; the other switches
+    are the callers' own."""
+    library = (config.native_kernels, config.isa, config.prebuilt_dir, config.kernel_dir)
+    if not _STATE:
+        _STATE.append((library, load_kernels(config)))
+    elif _STATE[0][0] != library:
+        raise ValueError("this process's kernels were loaded for another kernel configuration")
+    return _STATE[0][1]
+
+
+def load(config: KernelConfig) -> bool:
+    """True when the kernels are loaded (loading them as `config` says on the first call)."""
+    return state(config).kind != "none"
+
+
+def loaded() -> bool:
+    """True when `load` has loaded the kernels in this process (the compiled ops exist)."""
+    return bool(_STATE) and _STATE[0][1].kind != "none"
 
 
 def paged_decode_attention(
@@ -113,8 +122,8 @@ def torch_sum_width() -> int:
 def team(enabled: bool = True) -> Iterator[None]:
     """Inside: the kernels' parallel calls share their work with a helper thread that spins
     between calls instead of sleeping (`csrc/claim.h`), for a decode step's ~150 short calls.
-    A no-op when `enabled` is False or the kernels are not built."""
-    if not (enabled and load()):
+    A no-op when `enabled` is False or the kernels are not loaded."""
+    if not (enabled and loaded()):
         yield
         return
     torch.ops.modelyard_kernels.team_begin()
@@ -173,7 +182,7 @@ def packed_linear(
 
 def bf16_gemm_supported() -> bool:
     """True when the kernels were built with AVX-512 BF16 (`packed_linear_bf16` runs)."""
-    return load() and bool(torch.ops.modelyard_kernels.bf16_gemm_supported())
+    return loaded() and bool(torch.ops.modelyard_kernels.bf16_gemm_supported())
 
 
 @functools.cache
@@ -234,14 +243,14 @@ Bf16Path = Literal["avx512", "amx"]
 
 
 @functools.cache
-def bf16_gemm_path() -> Bf16Path | None:
-    """Which of the runner's bf16 GEMMs replaces oneDNN at decode sizes (None: neither).
+def bf16_gemm_path(mode: Bf16Gemm) -> Bf16Path | None:
+    """Which of the runner's bf16 GEMMs replaces oneDNN at decode sizes (None: neither), for
+    the config's `bf16_gemm` mode.
 
     `amx` where the kernels have AMX tiles, else `avx512` where they have AVX-512 BF16; by
     default (`MODELYARD_BF16_GEMM=auto`) only where it gives oneDNN's bits here; `always` takes
     it regardless (its own summation order: bf16 results then part from F.linear's in the last
     bit now and then); `onednn` never."""
-    mode = kernel_config().bf16_gemm
     if mode == "onednn":
         return None
     if amx_ready():
@@ -254,7 +263,7 @@ def bf16_gemm_path() -> Bf16Path | None:
 def amx_ready() -> bool:
     """True when the kernels were built for AMX tiles and the OS granted this process the tile
     state (arch_prctl(ARCH_REQ_XCOMP_PERM), asked once): `packed_linear_amx` runs."""
-    return load() and bool(torch.ops.modelyard_kernels.amx_ready())
+    return loaded() and bool(torch.ops.modelyard_kernels.amx_ready())
 
 
 def packed_linear_amx(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -346,29 +355,9 @@ def packed_swiglu(x: torch.Tensor, packed: torch.Tensor, width: int) -> torch.Te
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Build this host's kernels (default), every kind's into a folder, or report the state."""
-    parser = argparse.ArgumentParser(prog="python -m modelyard.runner.kernels")
-    parser.add_argument("--prebuild", type=Path, help="build every kind into this folder")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="with --prebuild (comma list)")
-    parser.add_argument("--report", action="store_true", help="print the KernelState as JSON")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.report else logging.INFO)
-    if args.prebuild is not None:
-        wanted = set(args.kinds.split(","))
-        if not wanted <= set(KINDS):
-            parser.error(f"--kinds: one or more of {', '.join(KINDS)}, not {args.kinds!r}")
-        for path in prebuild(args.prebuild, [kind for kind in KINDS if kind in wanted]):
-            print(path)
-        return 0
-    use_kernel_config(kernels_from_environment())  # this command is its process's config layer
-    loaded = state()
-    if args.report:
-        print(msgspec.json.encode(loaded).decode())
-        return 0
-    print(f"modelyard kernels for {kernel_config().isa}: {loaded.kind} ({loaded.source})")
-    return 0  # a failed build was logged; the torch path still serves (scripts/setup goes on)
+if __name__ == "__main__":  # `python -m modelyard.runner.kernels` (scripts/setup, the image):
+    # the command is modelyard.kernels_cli, its process's config layer (run by name: the
+    # runner imports nothing above it)
+    import runpy
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("modelyard.kernels_cli", run_name="__main__", alter_sys=True)

@@ -12,17 +12,18 @@ from __future__ import annotations
 import torch
 
 from modelyard.runner import kernels
-from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner.kernel_config import KernelConfig
 
 KV_PLAIN, KV_TILES = 0, 1
 
 
-def kv_layout(dtype: torch.dtype, head_dim: int, block_size: int, group: int) -> int:
+def kv_layout(
+    dtype: torch.dtype, head_dim: int, block_size: int, group: int, config: KernelConfig
+) -> int:
     """The layout a model's KV cache takes here: KV_TILES for bfloat16, head size 64, blocks a
     multiple of 16 and 1-4 query heads per KV head (`group`) where AMX tiles run and neither
     `MODELYARD_KV_TILES=0` nor `MODELYARD_PREFILL_SDPA=1` (SDPA reads plain rows) is set; else
     KV_PLAIN."""
-    config = kernel_config()
     shapes = dtype == torch.bfloat16 and head_dim == 64 and block_size % 16 == 0
     wanted = config.kv_tiles and not config.prefill_sdpa and shapes and 1 <= group <= 4
     return KV_TILES if wanted and kernels.amx_ready() else KV_PLAIN

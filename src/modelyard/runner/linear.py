@@ -26,7 +26,7 @@ the float32 kernel does. On AMX hosts the runner's AMX tile GEMM (`csrc/gemm_amx
 panels) runs instead at up to 32 rows, where oneDNN's AMX kernels sum in its order (tested at
 1-32 rows; past 32 they split the sum otherwise and keep the layer), SwiGLU fused likewise,
 faster than oneDNN at decode sizes, where a step is bound by streaming the weights. Which
-kernel, if any, is `kernels.bf16_gemm_path()`: only where it finds oneDNN's bits at load unless
+kernel, if any, is `kernels.bf16_gemm_path(mode)`: only where it finds oneDNN's bits at load unless
 `MODELYARD_BF16_GEMM=always` (runner.kernel_config); elsewhere bf16 keeps oneDNN. Where the
 kernels have no AVX-512 (torch's bf16 matmul is scalar there) bf16 layers keep their weights
 as bf16 panels that the runner's GEMM widens to float32 as it reads them (runner.bf16_widen).
@@ -40,6 +40,9 @@ int8 rounding of the weights (the quality bounds are tested on the real model).
 Without the compiled kernels, or with `MODELYARD_PACKED_LINEAR=0` (for comparisons), float32
 and bfloat16 use `F.linear`. float32 results differ from `F.linear` only in summation order
 (~1e-6 relative).
+
+Each layer is given the runner's `KernelConfig` (`kernel_config=`), which says which of these
+paths the switches allow.
 """
 
 from __future__ import annotations
@@ -51,27 +54,27 @@ import torch
 import torch.nn.functional as F
 
 from modelyard.runner import bf16_widen, kernels
-from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner.kernel_config import Bf16Gemm, KernelConfig
 
 Gemm = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-def packing_available(dtype: torch.dtype) -> bool:
+def packing_available(dtype: torch.dtype, kernel_config: KernelConfig) -> bool:
     """True when weights of this dtype are packed once on this host (float32: the runner's
     GEMM; bfloat16: oneDNN's layout, where oneDNN has native bf16 kernels)."""
-    if not kernel_config().packed_linear:
+    if not kernel_config.packed_linear:
         return False
     if dtype == torch.bfloat16:
-        return _onednn_bf16() or bf16_widen.available()
-    return dtype == torch.float32 and kernels.load()
+        return _onednn_bf16(kernel_config) or bf16_widen.available(kernel_config)
+    return dtype == torch.float32 and kernels.loaded()
 
 
-def _onednn_bf16() -> bool:
+def _onednn_bf16(kernel_config: KernelConfig) -> bool:
     """oneDNN's bf16 matmul runs natively here (AVX-512 BF16 or AMX), not emulated."""
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
     native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return native and kernels.cpu_has("avx512_bf16") and kernel_config().has("avx512-bf16")
+    return native and kernels.cpu_has("avx512_bf16") and kernel_config.has("avx512-bf16")
 
 
 def _pack_onednn(weight: torch.Tensor) -> torch.Tensor:
@@ -96,10 +99,10 @@ _DECODE_ROWS = 64  # bf16 up to this many rows runs the runner's own GEMM where 
 _EXACT_K = 3072
 
 
-def runner_gemm(k: int, *, swiglu: bool) -> tuple[Gemm, int] | None:
+def runner_gemm(k: int, *, swiglu: bool, mode: Bf16Gemm) -> tuple[Gemm, int] | None:
     """The runner's bf16 GEMM for inputs of K features, and the most rows it takes, where
-    `kernels.bf16_gemm_path()` has one that handles this K; None: oneDNN's."""
-    path = kernels.bf16_gemm_path()
+    `kernels.bf16_gemm_path(mode)` has one that handles this K; None: oneDNN's."""
+    path = kernels.bf16_gemm_path(mode)
     if path == "amx" and k % 32 == 0:
         gemm = kernels.packed_swiglu_amx if swiglu else kernels.packed_linear_amx
         return gemm, kernels.AMX_ROWS
@@ -121,8 +124,8 @@ class NativeWeight(NamedTuple):
     max_rows: int
 
 
-def _bf16_kind() -> str:
-    path = kernels.bf16_gemm_path()
+def _bf16_kind(mode: Bf16Gemm) -> str:
+    path = kernels.bf16_gemm_path(mode)
     if path is None:  # pragma: no cover - a runner GEMM is only set up on a path
         raise RuntimeError("no runner bf16 GEMM on this host")
     return path
@@ -136,6 +139,7 @@ class Linear:
         "_bias",
         "_gemm",
         "_int8",
+        "_mode",
         "_onednn",
         "_packed",
         "_weight",
@@ -144,10 +148,18 @@ class Linear:
     )
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool, decode: bool = True
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        pack: bool,
+        kernel_config: KernelConfig,
+        decode: bool = True,
     ) -> None:
-        """`decode`: False leaves bf16 rows of every count to oneDNN (for SwiGLU's prefill)."""
+        """`pack`: as `packing_available` says for the weight's dtype; `decode`: False leaves
+        bf16 rows of every count to oneDNN (for SwiGLU's prefill)."""
         self.out_features = int(weight.shape[0])
+        self._mode = kernel_config.bf16_gemm
         self._bias = bias
         self._packed: torch.Tensor | None = None
         self._onednn: torch.Tensor | None = None
@@ -156,11 +168,11 @@ class Linear:
         self._int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._weight: torch.Tensor | None = weight
         self._widen: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        if pack and int8_weights():
+        if pack and int8_weights(kernel_config):
             packed, scale = kernels.pack_int8(weight)
             self._int8 = (packed, scale, None if bias is None else bias.float().contiguous())
             self._weight = None
-        elif pack and weight.dtype == torch.bfloat16 and bf16_widen.available():
+        elif pack and weight.dtype == torch.bfloat16 and bf16_widen.available(kernel_config):
             bias32 = None if bias is None else bias.float().contiguous()
             self._widen = (bf16_widen.pack(weight), bias32)
             self._weight = None
@@ -168,7 +180,7 @@ class Linear:
             self._onednn = _pack_onednn(weight)
             self._weight = None
             if bias is None and decode:
-                self._gemm = runner_gemm(int(weight.shape[1]), swiglu=False)
+                self._gemm = runner_gemm(int(weight.shape[1]), swiglu=False, mode=self._mode)
             if self._gemm is not None:
                 self._bf16 = kernels.pack_bf16(weight)
         elif pack:
@@ -200,7 +212,7 @@ class Linear:
         if self._packed is not None:
             return NativeWeight("float32", self._packed, _ANY_ROWS)
         if self._bf16 is not None and self._gemm is not None:
-            return NativeWeight(_bf16_kind(), self._bf16, self._gemm[1])
+            return NativeWeight(_bf16_kind(self._mode), self._bf16, self._gemm[1])
         return None
 
     def _int8_linear(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,26 +224,30 @@ class Linear:
         return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
 
 
-def int8_weights() -> bool:
-    """True when linear layers keep int8 weights (MODELYARD_WEIGHTS=int8, kernels built)."""
-    return kernel_config().weights == "int8" and kernels.load()
+def int8_weights(kernel_config: KernelConfig) -> bool:
+    """True when linear layers keep int8 weights (MODELYARD_WEIGHTS=int8, kernels loaded)."""
+    return kernel_config.weights == "int8" and kernels.loaded()
 
 
 class SwiGLU:
     """x -> silu(x Wg^T) * (x Wu^T) for Wg, Wu (I, K): a Llama MLP's input side."""
 
-    __slots__ = ("_bf16", "_both", "_fused_act", "_gemm", "_packed", "width")
+    __slots__ = ("_bf16", "_both", "_fused_act", "_gemm", "_mode", "_packed", "width")
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, *, pack: bool) -> None:
+    def __init__(
+        self, gate: torch.Tensor, up: torch.Tensor, *, pack: bool, kernel_config: KernelConfig
+    ) -> None:
         self.width = int(gate.shape[0])
+        self._mode = kernel_config.bf16_gemm
         self._packed: torch.Tensor | None = None
         self._bf16: torch.Tensor | None = None
         self._both: Linear | None = None
         # bf16 with the kernels built: the activation in one pass (torch's two roundings)
-        self._fused_act = gate.dtype == torch.bfloat16 and kernels.load()
-        int8 = pack and int8_weights()  # the concatenated weight as an int8 Linear below
+        self._fused_act = gate.dtype == torch.bfloat16 and kernels.loaded()
+        int8 = pack and int8_weights(kernel_config)  # the concatenated weight: an int8 Linear
         bf16 = pack and gate.dtype == torch.bfloat16 and not int8
-        self._gemm = runner_gemm(int(gate.shape[1]), swiglu=True) if bf16 else None
+        gemm = runner_gemm(int(gate.shape[1]), swiglu=True, mode=self._mode) if bf16 else None
+        self._gemm = gemm
         if pack and gate.dtype == torch.float32 and not int8:
             self._packed = kernels.pack_swiglu(gate, up)
         if self._gemm is not None:
@@ -242,14 +258,14 @@ class SwiGLU:
             # one matmul for both, for every row count or past the runner GEMM's (bf16: packed
             # by oneDNN when `pack`)
             both = torch.cat([gate, up]).contiguous()
-            self._both = Linear(both, None, pack=pack, decode=False)
+            self._both = Linear(both, None, pack=pack, kernel_config=kernel_config, decode=False)
 
     def native(self) -> NativeWeight | None:
         """As `Linear.native`: gate/up packed together for the runner's fused SwiGLU."""
         if self._packed is not None:
             return NativeWeight("float32", self._packed, _ANY_ROWS)
         if self._bf16 is not None and self._gemm is not None:
-            return NativeWeight(_bf16_kind(), self._bf16, self._gemm[1])
+            return NativeWeight(_bf16_kind(self._mode), self._bf16, self._gemm[1])
         return None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

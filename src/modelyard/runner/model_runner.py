@@ -40,7 +40,7 @@ from modelyard.engine.core.scheduler_output import (
 from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
-from modelyard.runner.kernel_config import KernelConfig, kernel_config, use_kernel_config
+from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.loader import ResolvedModel, resolve_model
 from modelyard.runner.models.hf_generic import GenericModel
 from modelyard.runner.models.llama import LlamaModel, native_supports
@@ -81,13 +81,11 @@ class ModelRunner:
         speculative: SpeculativeConfig | None = None,
         lora: LoRAConfig | None = None,
         *,
-        kernels: KernelConfig | None = None,
+        kernels: KernelConfig,
     ) -> None:
-        """`kernels`: the kernel switches the engine config carries (None: the configuration
-        already installed in this process, runner.kernel_config)."""
-        if kernels is not None:
-            use_kernel_config(kernels)
-        kernels = kernel_config()
+        """`kernels`: the kernel switches the engine config carries (runner.kernel_config);
+        the runner loads the process's kernels with them and hands them to the model."""
+        _load_kernels(kernels)
         # decode steps run the kernels' parallel calls with a spinning helper (kernels.team);
         # decode_team off keeps ATen's passive threads for them
         self._team = kernels.decode_team
@@ -124,6 +122,7 @@ class ModelRunner:
                     num_blocks=self._num_blocks,
                     block_size=self.block_size,
                     max_model_len=self._max_model_len,
+                    kernel_config=kernels,
                     lora=lora,
                     gguf=_gguf_source(self.resolved, model_config.gguf_blocks, kernels),
                 )
@@ -288,6 +287,12 @@ class ModelRunner:
         """The adapters of this forward's rows (nothing to do without LoRA)."""
         lora = self._native.lora if self._native is not None else None
         return lora.step(rows) if lora is not None else contextlib.nullcontext()
+
+
+def _load_kernels(config: KernelConfig) -> None:
+    """Load the process's kernels as `config` says, before anything asks whether they are
+    there (the sampler, the generic model's steps)."""
+    kernels.load(config)
 
 
 def _gguf_source(resolved: ResolvedModel, switch: Switch, kernels: KernelConfig) -> Path | None:

@@ -136,7 +136,7 @@ class Sampler:
         (32, 49152)), else temperature, filters, softmax and `_draw`."""
         params = [r.sampling_params for r in requests]
         uniform = self._uniforms(requests)
-        if all(_unfiltered(p) for p in params) and kernels.load() and logits.is_contiguous():
+        if all(_unfiltered(p) for p in params) and kernels.loaded() and logits.is_contiguous():
             inv_t = torch.tensor([1.0 / p.temperature for p in params], dtype=torch.float32)
             return _native_draw(logits, inv_t, uniform.to(torch.float64))
         return _draw(_probabilities(logits, params), uniform)
@@ -163,7 +163,7 @@ class Sampler:
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """(B, V) float32 or bfloat16 -> (B,) argmax: the compiled kernel when built (same result as
     torch's, the first maximum; docs/benchmarks.md has its speed), else torch."""
-    if kernels.load() and logits.is_contiguous() and logits.numel():
+    if kernels.loaded() and logits.is_contiguous() and logits.numel():
         return kernels.argmax_rows(logits)
     return logits.argmax(dim=-1)
 

@@ -4,11 +4,12 @@
 that needs other variables at exec time (the engine worker's `GLIBC_TUNABLES`, which glibc reads
 before Python starts) would have to set them in the API process, where they leak into every
 process started later. `start_process(target, args, env=...)` instead runs
-`python -m modelyard.transport.child` with `os.environ` plus `env` (a value the user set wins) and
-pickles `sys.path`, then `(target, args)`, to the child's stdin; the child calls `target(*args)` and
-exits with its status. The returned `PopenProcess` is a `ProcessHandle` for the supervisor.
-Children still running when the API process exits are killed (as multiprocessing does for
-daemon processes).
+`python -m modelyard.transport.child` with `os.environ` plus `env` (a value the user set wins),
+the folders of `path` put in front of its PATH (tools the child runs: ninja for a kernel build,
+modelyard.build_tools), and pickles `sys.path`, then `(target, args)`, to the child's stdin; the
+child calls `target(*args)` and exits with its status. The returned `PopenProcess` is a
+`ProcessHandle` for the supervisor. Children still running when the API process exits are
+killed (as multiprocessing does for daemon processes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pickle
 import subprocess
 import sys
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 _running: weakref.WeakSet[PopenProcess] = weakref.WeakSet()
@@ -59,14 +60,26 @@ class PopenProcess:
             self._popen.kill()
 
 
+def child_environment(env: Mapping[str, str], path: Sequence[str]) -> dict[str, str]:
+    """`os.environ` over `env`, with `path`'s folders in front of PATH."""
+    child = {**env, **os.environ}
+    if path:
+        child["PATH"] = os.pathsep.join([*path, child.get("PATH", os.defpath)])
+    return child
+
+
 def _launch(
-    target: Callable[..., object], args: tuple[Any, ...], env: Mapping[str, str], name: str
+    target: Callable[..., object],
+    args: tuple[Any, ...],
+    env: Mapping[str, str],
+    path: Sequence[str],
+    name: str,
 ) -> PopenProcess:
     payload = pickle.dumps(list(sys.path)) + pickle.dumps((target, args))
     popen = subprocess.Popen(
         [sys.executable, "-m", "modelyard.transport.child", name],
         stdin=subprocess.PIPE,
-        env={**env, **os.environ},
+        env=child_environment(env, path),
     )
     stdin = popen.stdin
     if stdin is None:  # pragma: no cover - stdin=PIPE always gives one
@@ -86,10 +99,11 @@ async def start_process(
     args: tuple[Any, ...],
     *,
     env: Mapping[str, str] | None = None,
+    path: Sequence[str] = (),
     name: str = "modelyard-worker",
 ) -> PopenProcess:
     """Start `target(*args)` in a new interpreter (in a thread: never blocks the loop)."""
-    return await asyncio.to_thread(_launch, target, args, env or {}, name)
+    return await asyncio.to_thread(_launch, target, args, env or {}, path, name)
 
 
 @atexit.register

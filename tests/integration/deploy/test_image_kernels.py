@@ -35,10 +35,12 @@ VENV_BIN = Path(sys.executable).parent
 KIND = host_kind()
 LOAD_AND_RUN = """
 import json, torch
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 x = torch.tensor([[0.0, 3.0, 1.0], [5.0, 2.0, 5.0]])
-print(json.dumps({"state": kernels.state().kind, "source": kernels.state().source,
-                  "argmax": kernels.argmax_rows(x).tolist() if kernels.load() else None}))
+state = kernels.state(kernels_from_environment())
+print(json.dumps({"state": state.kind, "source": state.source,
+                  "argmax": kernels.argmax_rows(x).tolist() if kernels.loaded() else None}))
 """
 
 

@@ -16,12 +16,21 @@ from typing import Any
 
 import torch
 
-from modelyard.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from modelyard.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    kernels_from_environment,
+)
 from modelyard.engine.core.engine_core import EngineCore
 from modelyard.engine.core.scheduler_output import RunnerOutput, SchedulerOutput, StepRunner
 from modelyard.engine.messages import EngineRequest, FinishReason, SchedulerStats
 from modelyard.engine.sampling_params import SamplingParams
+from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.model_runner import ModelRunner
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 BLOCK_SIZE = 16
 MAX_TOKENS = 12
@@ -38,11 +47,14 @@ def load_runner(
     dtype: str = "float32",
     num_blocks: int = 256,
     implementation: str = "auto",
+    kernels: KernelConfig = KERNELS,
 ) -> ModelRunner:
-    """A real ModelRunner on one thread (the machine is shared)."""
+    """A real ModelRunner on one thread (the machine is shared); `kernels`: its kernel
+    switches (by default this test run's environment's)."""
     return ModelRunner(
         ModelConfig(model=str(model), dtype=dtype, num_threads=1, implementation=implementation),  # type: ignore[arg-type]
         CacheConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks),
+        kernels=kernels,
     )
 
 

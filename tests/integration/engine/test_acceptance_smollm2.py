@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from acceptance_helpers import (
     BATCH_LENGTHS,
+    KERNELS,
     MAX_TOKENS,
     HFReference,
     check_batch,
@@ -26,8 +27,7 @@ from acceptance_helpers import (
     run_core,
 )
 
-from modelyard.runner import attention, bf16_widen
-from modelyard.runner.kernel_config import kernel_config
+from modelyard.runner import bf16_widen
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.model_runner import ModelRunner
 
@@ -166,9 +166,8 @@ def test_bfloat16_batch_smoke(
     the bf16 GEMM sums in its own order as well: where the kernels have no AVX-512
     (runner.bf16_widen) it sums K in the float32 GEMM's chunks, not torch's order; measured
     there (forced AVX2): 2 of 5 part with SDPA's prefill, each at a near-tie."""
-    config = dataclasses.replace(kernel_config(), prefill_sdpa=prefill_sdpa)
-    monkeypatch.setattr(attention, "kernel_config", lambda: config)
-    bf16 = load_runner(DEFAULT_MODEL, dtype="bfloat16", num_blocks=48)
+    config = dataclasses.replace(KERNELS, prefill_sdpa=prefill_sdpa)
+    bf16 = load_runner(DEFAULT_MODEL, dtype="bfloat16", num_blocks=48, kernels=config)
     prompts = {rid: ids for rid, ids in batch.items() if len(ids) in (5, 12, 23, 40, 64)}
     run = run_core(make_core(bf16), prompts)
     parted = 0
@@ -183,5 +182,5 @@ def test_bfloat16_batch_smoke(
         best = float(logits.max())
         step = 2.0 ** (math.floor(math.log2(abs(best))) - 7)  # one bf16 step at that size
         assert float(logits[ours[i]]) >= best - step, (rid, i, ours[i], expected[i])
-    allowed = 1 if prefill_sdpa and not bf16_widen.available() else 2
+    allowed = 1 if prefill_sdpa and not bf16_widen.available(config) else 2
     assert parted <= allowed, f"{parted} of {len(prompts)} requests parted from generate"

@@ -21,11 +21,19 @@ from lora_helpers import (
     malformed_adapters,
     tiny_llama,
 )
-from modelyard.engine.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig
+from modelyard.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    LoRAConfig,
+    ModelConfig,
+    kernels_from_environment,
+)
 from modelyard.engine.core.engine_core import EngineCore
 from modelyard.engine.messages import EngineRequest, LoRARequest
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.model_runner import ModelRunner
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +69,7 @@ def runner(base: Path) -> ModelRunner:
         ModelConfig(model=str(base), num_threads=1),
         CacheConfig(block_size=BLOCK_SIZE, num_blocks=128),
         lora=LoRAConfig(max_loras=4, max_lora_rank=16),
+        kernels=KERNELS,
     )
 
 

@@ -32,11 +32,14 @@ from modelyard.engine.config import (
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    kernels_from_environment,
 )
 from modelyard.engine.core.engine_core import EngineCore
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.model_runner import ModelRunner
 from modelyard.runner.spec_decode.ngram import lookup
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.integration
 
@@ -170,6 +173,7 @@ def spec(request: pytest.FixtureRequest, target: Path) -> Speculating:
         ModelConfig(model=str(target), num_threads=1),
         CacheConfig(block_size=BLOCK_SIZE, num_blocks=256),
         config,
+        kernels=KERNELS,
     )
     return Speculating(runner, config)
 

@@ -31,6 +31,7 @@ from modelyard.engine.config import (
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    kernels_from_environment,
 )
 from modelyard.engine.core.engine_core import EngineCore
 from modelyard.engine.core.scheduler_output import StepRunner
@@ -38,6 +39,8 @@ from modelyard.engine.llm import LLM
 from modelyard.engine.messages import EngineRequest
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.model_runner import ModelRunner
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +95,7 @@ def spec(request: pytest.FixtureRequest, target: Path, draft: Path) -> Speculati
         ModelConfig(model=str(target), num_threads=1),
         CacheConfig(block_size=BLOCK_SIZE, num_blocks=128),
         config,
+        kernels=KERNELS,
     )
     return Speculating(runner, config)
 
@@ -251,6 +255,7 @@ def test_sampled_outputs_keep_the_target_distribution(
         ModelConfig(model=str(target), num_threads=1),
         CacheConfig(block_size=BLOCK_SIZE, num_blocks=160),
         config,
+        kernels=KERNELS,
     )
     prompt = corpus[:9]
     params = SamplingParams(temperature=0.8, top_k=5, max_tokens=3, speculate=True)
@@ -289,7 +294,9 @@ def test_self_draft_is_the_targets_first_layers_then_its_norm_and_head(
     from modelyard.runner.attention import AttentionMetadata
     from modelyard.runner.spec_decode.draft import self_draft_model
 
-    runner = ModelRunner(ModelConfig(model=str(target), num_threads=1), CacheConfig(num_blocks=8))
+    runner = ModelRunner(
+        ModelConfig(model=str(target), num_threads=1), CacheConfig(num_blocks=8), kernels=KERNELS
+    )
     assert runner._native is not None
     ids = corpus[:20]
     meta = AttentionMetadata.build([0], [len(ids)], [[0, 1]], BLOCK_SIZE)

@@ -17,17 +17,20 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, dequantize_gguf
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.models.llama import LlamaModel, _load_state
 
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(not kernels.load(), reason="the runner's kernels did not build here"),
+    pytest.mark.skipif(not kernels.load(KERNELS), reason="the runner's kernels did not build here"),
 ]
 
 TEXT = Path(__file__).resolve().parents[2] / "data" / "perplexity.txt"
@@ -49,7 +52,7 @@ def models() -> dict[str, LlamaModel]:
     def load(gguf: Path | None) -> LlamaModel:
         return LlamaModel(
             resolved.path, resolved.config, dtype=torch.float32, num_blocks=64,
-            block_size=BLOCK, max_model_len=1024, gguf=gguf,
+            block_size=BLOCK, max_model_len=1024, gguf=gguf, kernel_config=KERNELS,
         )  # fmt: skip
 
     return {"float32": load(None), "gguf": load(resolved.converted_from)}

@@ -10,6 +10,7 @@ greedy prefixes kept 16, 6, 16, 16, 16, 5, 1 and 16 tokens (0.72 of them on aver
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -17,17 +18,19 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from modelyard.runner import kernels, linear
+from modelyard.engine.config import kernels_from_environment
+from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
-from modelyard.runner.kernel_config import KernelConfig, kernel_config
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.models.llama import LlamaModel
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(900),  # two models' loads and 2 x 8 x 16 greedy forwards
-    pytest.mark.skipif(not kernels.load(), reason="the runner's kernels did not build here"),
+    pytest.mark.skipif(not kernels.load(KERNELS), reason="the runner's kernels did not build here"),
 ]
 
 TEXT = Path(__file__).resolve().parents[2] / "data" / "perplexity.txt"
@@ -45,15 +48,13 @@ NEW_TOKENS = 16
 BLOCK = 16
 
 
-def load(weights: str, monkeypatch: pytest.MonkeyPatch) -> LlamaModel:
+def load(weights: str) -> LlamaModel:
     resolved = resolve_model(DEFAULT_MODEL)
-    config = KernelConfig.from_env({"MODELYARD_WEIGHTS": weights})
-    with monkeypatch.context() as patch:
-        patch.setattr(linear, "kernel_config", lambda: config)
-        return LlamaModel(
-            resolved.path, resolved.config, dtype=torch.float32, num_blocks=64,
-            block_size=BLOCK, max_model_len=1024,
-        )  # fmt: skip
+    config = dataclasses.replace(KERNELS, weights=weights)  # type: ignore[arg-type]
+    return LlamaModel(
+        resolved.path, resolved.config, dtype=torch.float32, num_blocks=64,
+        block_size=BLOCK, max_model_len=1024, kernel_config=config,
+    )  # fmt: skip
 
 
 def all_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
@@ -74,14 +75,13 @@ def greedy(model: LlamaModel, ids: list[int]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, LlamaModel]:
-    with pytest.MonkeyPatch.context() as patch:
-        return {name: load(name, patch) for name in ("", "int8")}
+    return {name: load(name) for name in ("", "int8")}
 
 
 def test_int8_weights_are_in_use(models: dict[str, LlamaModel]) -> None:
     assert models["int8"].layers[0].qkv._int8 is not None
     assert models[""].layers[0].qkv._int8 is None
-    assert kernel_config().weights == ""  # the process's own setting is untouched
+    assert models[""].kernel_config.weights == ""  # each model has its own switches
 
 
 def test_int8_perplexity_and_argmax_agreement(models: dict[str, LlamaModel]) -> None:

@@ -43,10 +43,9 @@ TESTS = {
 PROBE = (
     "import json, torch; from modelyard.runner import kernels; "
     "from modelyard.engine.config import kernels_from_environment; "
-    "from modelyard.runner.kernel_config import kernel_config, use_kernel_config; "
-    "use_kernel_config(kernels_from_environment()); "
-    "print(json.dumps({'isa': kernel_config().isa, 'loaded': kernels.load(), "
-    "'amx': kernels.amx_ready(), 'bf16_gemm': kernels.bf16_gemm_path(), "
+    "config = kernels_from_environment(); "
+    "print(json.dumps({'isa': config.isa, 'loaded': kernels.load(config), "
+    "'amx': kernels.amx_ready(), 'bf16_gemm': kernels.bf16_gemm_path(config.bf16_gemm), "
     "'capability': torch.backends.cpu.get_cpu_capability()}))"
 )
 

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.config import CacheConfig, ModelConfig, kernels_from_environment
 from modelyard.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner import loader
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.model_runner import ModelRunner
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +89,7 @@ def test_greedy_chat_matches_generate(
     runner = ModelRunner(
         ModelConfig(model=DEFAULT_MODEL, dtype=dtype),  # type: ignore[arg-type]
         CacheConfig(num_blocks=64),
+        kernels=KERNELS,
     )
     assert runner.implementation == "native"
     assert Path(runner.model_path) == converted

@@ -36,3 +36,15 @@ async def test_environment_reaches_the_child_only(
     # the child got the variable; a value the user set wins; the parent is untouched
     assert out.read_text().splitlines() == ["SPAWN_TEST_CHILD=child", "SPAWN_TEST_USER=user"]
     assert "SPAWN_TEST_CHILD" not in os.environ
+
+
+async def test_path_folders_go_in_front_of_the_childs_path(tmp_path: Path) -> None:
+    """`path=` (ninja's folder for the engine worker's first-use kernel build) is put before
+    the PATH the child inherits; the parent's PATH stays as it was."""
+    out = tmp_path / "env.txt"
+    before = os.environ["PATH"]
+    process = await start_process(write_environment, (out, ["PATH"]), path=[str(tmp_path)])
+    await asyncio.to_thread(process.join, 60)
+    assert process.exitcode == 3
+    assert out.read_text() == f"PATH={tmp_path}{os.pathsep}{before}"
+    assert os.environ["PATH"] == before

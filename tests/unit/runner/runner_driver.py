@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 
-from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.config import CacheConfig, ModelConfig, kernels_from_environment
 from modelyard.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner.model_runner import ModelRunner
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 BLOCK_SIZE = 4
 VOCAB = 96
@@ -74,6 +76,7 @@ def make_runner(
     return ModelRunner(
         ModelConfig(model=str(folder), dtype=dtype, implementation=implementation),  # type: ignore[arg-type]
         CacheConfig(block_size=BLOCK_SIZE, num_blocks=512),
+        kernels=KERNELS,
     )
 
 

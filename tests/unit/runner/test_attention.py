@@ -5,13 +5,13 @@ the compiled kernel and on the torch path."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import attention, kernels
 from modelyard.runner.attention import (
     AttentionMetadata,
@@ -19,7 +19,8 @@ from modelyard.runner.attention import (
     paged_attention,
     store_kv,
 )
-from modelyard.runner.kernel_config import kernel_config
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +82,7 @@ def test_grouped_decode_matches_sdpa_with_gqa_and_padding(dtype: torch.dtype) ->
 def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with decodes on the compiled kernel (which must have built) or on torch."""
     if request.param == "native":
-        assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+        assert kernels.load(KERNELS), "the native kernels did not build (see scripts/setup)"
         assert attention.native_decode_ready(torch.float32, HD)
     else:
         monkeypatch.setattr(attention, "native_decode_ready", lambda dtype, head_dim: False)
@@ -104,13 +105,9 @@ def _write_history(
 
 @pytest.mark.usefixtures("decode_path")
 @pytest.mark.parametrize("prefill_sdpa", [False, True], ids=["kernel-prompts", "sdpa-prompts"])
-def test_mixed_step_matches_unpaged_sdpa(
-    prefill_sdpa: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_mixed_step_matches_unpaged_sdpa(prefill_sdpa: bool) -> None:
     """Decodes, a fresh prefill and a continued prefill in one flat batch, scattered blocks;
     prompt rows on the kernel or on SDPA (MODELYARD_PREFILL_SDPA)."""
-    config = dataclasses.replace(kernel_config(), prefill_sdpa=prefill_sdpa)
-    monkeypatch.setattr(attention, "kernel_config", lambda: config)
     torch.manual_seed(1)
     rng = random.Random(1)
     starts = [9, 0, 5, 30, 10]  # cached tokens before this step
@@ -131,7 +128,9 @@ def test_mixed_step_matches_unpaged_sdpa(
     new_v = torch.cat([v[s:] for v, s in zip(full_v, starts, strict=True)])
     meta = AttentionMetadata.build(starts, lengths, tables, BS)
     store_kv(new_k, new_v, caches[0], caches[1], meta)
-    out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, SCALE)
+    out = paged_attention(
+        q, new_k, new_v, caches[0], caches[1], meta, SCALE, prefill_sdpa=prefill_sdpa
+    )
     row = 0
     for i, (s, n) in enumerate(zip(starts, lengths, strict=True)):
         ref = _reference(q[row : row + n], full_k[i], full_v[i], s)
@@ -159,7 +158,7 @@ def test_all_decode_step_matches_unpaged_sdpa(window: int | None) -> None:
     new_k = torch.stack([k[-1] for k in full_k])
     new_v = torch.stack([v[-1] for v in full_v])
     store_kv(new_k, new_v, caches[0], caches[1], meta)
-    out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, SCALE)
+    out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, SCALE, prefill_sdpa=False)
     for i, s in enumerate(starts):
         first = 0 if window is None else max(0, s + 1 - window)
         ref = _reference(q[i : i + 1], full_k[i][first:], full_v[i][first:], s - first)
@@ -167,7 +166,7 @@ def test_all_decode_step_matches_unpaged_sdpa(window: int | None) -> None:
 
 
 def test_native_kernel_rejects_a_block_id_outside_the_cache() -> None:
-    assert kernels.load()
+    assert kernels.load(KERNELS)
     k_cache, v_cache = _cache(3)
     q = torch.randn(1, NH, HD)
     with pytest.raises(RuntimeError, match="bad block id"):
@@ -202,9 +201,9 @@ def test_native_bfloat16_decode_matches_sdpa_to_one_rounding(
     new_k = torch.randn(len(starts), NKV, HD).bfloat16()
     new_v = torch.randn(len(starts), NKV, HD).bfloat16()
     store_kv(new_k, new_v, k_cache, v_cache, meta)
-    native = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    native = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE, prefill_sdpa=False)
     monkeypatch.setattr(attention, "native_decode_ready", lambda dtype, head_dim: False)
-    sdpa = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    sdpa = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE, prefill_sdpa=False)
     assert native.dtype == torch.bfloat16
     torch.testing.assert_close(native.float(), sdpa.float(), atol=2**-9, rtol=2**-7)
     assert (native == sdpa).float().mean() > 0.95
@@ -220,7 +219,7 @@ def test_native_bfloat16_decode_at_model_shapes(
     widened path everywhere). Against float64 attention over the same bf16 inputs, within bf16
     rounding, at lengths that end inside a 16-key block, on its edge and one past it, with the
     blocks scattered over the cache."""
-    assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+    assert kernels.load(KERNELS), "the native kernels did not build (see scripts/setup)"
     torch.manual_seed(5)
     nkv, bs, lens = 2, 16, [1, 15, 16, 17, 33, 190]
     counts = [(n + bs - 1) // bs for n in lens]
@@ -251,7 +250,7 @@ def test_native_decode_reads_query_rows_in_place_and_keeps_nan(dtype: torch.dtyp
     """q may be a view of wider rows (the fused qkv output): the same bits as its contiguous
     copy. A NaN in one query head gives NaN in that head's output only (bf16: the bits torch's
     conversion gives a NaN)."""
-    assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+    assert kernels.load(KERNELS), "the native kernels did not build (see scripts/setup)"
     torch.manual_seed(6)
     nkv, group, hd, bs, lens = 3, 3, 64, 16, [5, 40, 190]
     nb = (max(lens) + bs - 1) // bs
@@ -301,12 +300,12 @@ def test_kernel_attends_prefill_rows_as_sdpa_does_in_bfloat16(
     new_v = torch.randn(sum(lengths), NKV, HD).bfloat16()
     meta = AttentionMetadata.build(starts, lengths, tables, BS, window)
     store_kv(new_k, new_v, k_cache, v_cache, meta)
-    native = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
-    config = dataclasses.replace(kernel_config(), prefill_sdpa=True)
-    monkeypatch.setattr(attention, "kernel_config", lambda: config)
-    sdpa_prefills = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    native = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE, prefill_sdpa=False)
+    sdpa_prefills = paged_attention(
+        q, new_k, new_v, k_cache, v_cache, meta, SCALE, prefill_sdpa=True
+    )
     monkeypatch.setattr(attention, "native_decode_ready", lambda dtype, head_dim: False)
-    torch_path = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE)
+    torch_path = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, SCALE, prefill_sdpa=False)
     torch.testing.assert_close(native.float(), torch_path.float(), atol=2**-8, rtol=2**-7)
     assert (native == torch_path).float().mean() > 0.9
     prefill_rows = torch.cat([torch.arange(1, 14), torch.arange(15, 23)])

@@ -10,13 +10,16 @@ import dataclasses
 import pytest
 import torch
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import bf16_widen, kernels
 from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.linear import Linear, SwiGLU
 
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
+
 pytestmark = [
     pytest.mark.unit,
-    pytest.mark.skipif(not kernels.load(), reason="the runner's kernels did not build here"),
+    pytest.mark.skipif(not kernels.load(KERNELS), reason="the runner's kernels did not build here"),
 ]
 
 
@@ -103,15 +106,16 @@ def _config(**kw: str) -> KernelConfig:
     return dataclasses.replace(KernelConfig.from_env(kw), isa="avx2")
 
 
-def test_bf16_layers_take_the_path_on_hosts_without_avx512(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(bf16_widen, "kernel_config", lambda: _config())
-    assert bf16_widen.available()
+def test_bf16_layers_take_the_path_on_hosts_without_avx512() -> None:
+    config = _config()
+    assert bf16_widen.available(config)
     torch.manual_seed(5)
     weight, bias = (torch.randn(80, 576) * 0.05).bfloat16(), torch.randn(80).bfloat16()
     gate, up = ((torch.randn(48, 576) * 0.05).bfloat16() for _ in range(2))
-    layer, mlp = Linear(weight, bias, pack=True), SwiGLU(gate, up, pack=True)
+    layer, mlp = (
+        Linear(weight, bias, pack=True, kernel_config=config),
+        SwiGLU(gate, up, pack=True, kernel_config=config),
+    )
     assert layer._widen is not None
     x = torch.randn(100, 576).bfloat16()
     for rows in (1, 32, 100):
@@ -123,8 +127,7 @@ def test_bf16_layers_take_the_path_on_hosts_without_avx512(
     )
 
 
-def test_switches_keep_torchs_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bf16_widen, "kernel_config", lambda: _config(MODELYARD_BF16_GEMM="onednn"))
-    assert not bf16_widen.available()
-    monkeypatch.setattr(bf16_widen, "kernel_config", lambda: KernelConfig.from_env({}))
-    assert bf16_widen.available() == (not KernelConfig.from_env({}).has("avx512"))
+def test_switches_keep_torchs_bf16() -> None:
+    assert not bf16_widen.available(_config(MODELYARD_BF16_GEMM="onednn"))
+    default = KernelConfig.from_env({})
+    assert bf16_widen.available(default) == (not default.has("avx512"))

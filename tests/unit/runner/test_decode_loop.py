@@ -9,18 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.decode_loop import GEMM_KINDS, DecodeLoop
 from modelyard.runner.models import llama
 from modelyard.runner.spec_decode.draft import self_draft_model
 
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
+
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(autouse=True)
 def _built() -> None:
-    assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+    assert kernels.load(KERNELS), "the native kernels did not build (see scripts/setup)"
 
 
 def _model(folder: Path, dtype: torch.dtype) -> llama.LlamaModel:
@@ -28,14 +31,22 @@ def _model(folder: Path, dtype: torch.dtype) -> llama.LlamaModel:
 
     config = AutoConfig.from_pretrained(folder)
     return llama.LlamaModel(
-        folder, config, dtype=dtype, num_blocks=12, block_size=4, max_model_len=64
+        folder,
+        config,
+        dtype=dtype,
+        num_blocks=12,
+        block_size=4,
+        max_model_len=64,
+        kernel_config=KERNELS,
     )
 
 
 def _expected_kind(dtype: torch.dtype) -> int | None:
     if dtype == torch.float32:
         return GEMM_KINDS["float32"]
-    path = kernels.bf16_gemm_path()  # bf16 runs the runner's GEMM only on these paths
+    path = kernels.bf16_gemm_path(
+        KERNELS.bf16_gemm
+    )  # bf16 runs the runner's GEMM only on these paths
     return None if path is None else GEMM_KINDS[path]
 
 

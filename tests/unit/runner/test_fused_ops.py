@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.models import llama
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +24,7 @@ TOL = {"atol": 2e-6, "rtol": 2e-6}
 
 @pytest.fixture(autouse=True)
 def _built() -> None:
-    assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+    assert kernels.load(KERNELS), "the native kernels did not build (see scripts/setup)"
 
 
 @pytest.mark.parametrize("rows", [1, 5, 300])  # 300 rows split across threads
@@ -199,7 +202,7 @@ def test_fused_forward_matches_the_torch_forward(
     for fused in (True, False):
         model = llama.LlamaModel(
             tiny_models[name], config, dtype=dtype, num_blocks=8, block_size=4,
-            max_model_len=64,
+            max_model_len=64, kernel_config=KERNELS,
         )  # fmt: skip
         model.fused = fused
         models.append(model)

@@ -7,8 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.linear import Linear, SwiGLU
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = [
     pytest.mark.unit,
@@ -79,12 +82,15 @@ def test_amx_swiglu_gives_torchs_bits(width: int, in_features: int) -> None:
 def test_layers_run_amx_up_to_32_rows_and_onednn_past_them() -> None:
     """Linear and SwiGLU pick the AMX kernel at decode sizes; a prompt's rows go to oneDNN: the
     results are F.linear's bits either way."""
-    if kernels.bf16_gemm_path() != "amx":
+    if kernels.bf16_gemm_path(KERNELS.bf16_gemm) != "amx":
         pytest.skip("oneDNN's AMX order not found here: the layers keep oneDNN")
     torch.manual_seed(1)
     weight = (torch.randn(96, 576) * 0.05).bfloat16()
     gate, up = (torch.randn(64, 576) * 0.05).bfloat16(), torch.randn(64, 576).bfloat16()
-    layer, mlp = Linear(weight, None, pack=True), SwiGLU(gate, up, pack=True)
+    layer, mlp = (
+        Linear(weight, None, pack=True, kernel_config=KERNELS),
+        SwiGLU(gate, up, pack=True, kernel_config=KERNELS),
+    )
     assert layer._gemm is not None
     assert layer._gemm[0] is kernels.packed_linear_amx
     assert mlp._gemm is not None

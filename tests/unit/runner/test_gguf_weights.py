@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from modelyard.config_parse import ConfigError
-from modelyard.engine.config import EngineConfig
+from modelyard.engine.config import EngineConfig, kernels_from_environment
 from modelyard.runner import kernels, model_runner
 from modelyard.runner.gguf_weights import (
     DECODE_ROWS,
@@ -31,9 +31,11 @@ from modelyard.runner.gguf_weights import (
 from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.loader import ResolvedModel
 
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
+
 pytestmark = [
     pytest.mark.unit,
-    pytest.mark.skipif(not kernels.load(), reason="the runner's kernels did not build here"),
+    pytest.mark.skipif(not kernels.load(KERNELS), reason="the runner's kernels did not build here"),
 ]
 
 TYPES = {Q4_1: GGMLQuantizationType.Q4_1, Q8_0: GGMLQuantizationType.Q8_0}

@@ -8,13 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelyard.runner import kernels, linear
+from modelyard.engine.config import kernels_from_environment
+from modelyard.runner import kernels
 from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.linear import Linear, SwiGLU
 
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
+
 pytestmark = [
     pytest.mark.unit,
-    pytest.mark.skipif(not kernels.load(), reason="the runner's kernels did not build here"),
+    pytest.mark.skipif(not kernels.load(KERNELS), reason="the runner's kernels did not build here"),
 ]
 
 
@@ -58,17 +61,17 @@ def test_int8_gemm_refuses_other_weights() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layers_keep_int8_weights_when_asked(
-    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_layers_keep_int8_weights_when_asked(dtype: torch.dtype) -> None:
     """Linear and SwiGLU with MODELYARD_WEIGHTS=int8: the int8 kernel at decode sizes and the
     dequantized weight at prompt sizes give the same numbers (to the dtype's rounding)."""
     config = KernelConfig.from_env({"MODELYARD_WEIGHTS": "int8"})
-    monkeypatch.setattr(linear, "kernel_config", lambda: config)
     torch.manual_seed(3)
     weight, bias = (torch.randn(80, 576) * 0.05).to(dtype), torch.randn(80).to(dtype)
     gate, up = (torch.randn(48, 576) * 0.05).to(dtype), (torch.randn(48, 576) * 0.05).to(dtype)
-    layer, mlp = Linear(weight, bias, pack=True), SwiGLU(gate, up, pack=True)
+    layer, mlp = (
+        Linear(weight, bias, pack=True, kernel_config=config),
+        SwiGLU(gate, up, pack=True, kernel_config=config),
+    )
     assert layer._int8 is not None
     assert mlp._both is not None
     assert mlp._both._int8 is not None

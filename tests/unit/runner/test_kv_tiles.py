@@ -139,7 +139,6 @@ def test_the_tile_layout_refuses_shapes_it_has_no_kernel_for() -> None:
     ],
 )
 def test_kv_layout_takes_tiles_only_where_the_kernel_reads_them(
-    monkeypatch: pytest.MonkeyPatch,
     env: dict[str, str],
     dtype: torch.dtype,
     head_dim: int,
@@ -148,8 +147,7 @@ def test_kv_layout_takes_tiles_only_where_the_kernel_reads_them(
     expected: int,
 ) -> None:
     config = KernelConfig.from_env(env)
-    monkeypatch.setattr(kv_layout, "kernel_config", lambda: config)
-    assert kv_layout.kv_layout(dtype, head_dim, block_size, group) == expected
+    assert kv_layout.kv_layout(dtype, head_dim, block_size, group, config) == expected
 
 
 def test_kv_tiles_switch_rejects_other_values() -> None:

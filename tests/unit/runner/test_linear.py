@@ -8,9 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelyard.runner import bf16_widen, linear
-from modelyard.runner.kernel_config import KernelConfig, kernel_config
+from modelyard.engine.config import kernels_from_environment
+from modelyard.runner import bf16_widen
+from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.unit
 
@@ -24,11 +27,13 @@ pytestmark = pytest.mark.unit
 def test_packed_linear_matches_f_linear(
     rows: int, with_bias: bool, out_features: int, in_features: int
 ) -> None:
-    assert packing_available(torch.float32), "the runner's kernels are expected to build here"
+    assert packing_available(torch.float32, KERNELS), (
+        "the runner's kernels are expected to build here"
+    )
     torch.manual_seed(rows)
     weight, x = torch.randn(out_features, in_features), torch.randn(rows, in_features)
     bias = torch.randn(out_features) if with_bias else None
-    layer = Linear(weight, bias, pack=True)
+    layer = Linear(weight, bias, pack=True, kernel_config=KERNELS)
     torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
     assert layer.out_features == out_features
     # a non-contiguous input (a transposed view) gives the same result
@@ -42,12 +47,12 @@ def test_a_single_row_gives_its_bits_in_a_batch(out_features: int, in_features: 
     with a remainder of three, two and none after the groups of four)."""
     torch.manual_seed(out_features)
     weight, x = torch.randn(out_features, in_features), torch.randn(6, in_features)
-    layer = Linear(weight, None, pack=True)
+    layer = Linear(weight, None, pack=True, kernel_config=KERNELS)
     batch = layer(x)
     for i in range(6):
         torch.testing.assert_close(layer(x[i : i + 1]), batch[i : i + 1], rtol=0, atol=0)
     gate, up = torch.randn(out_features, in_features), torch.randn(out_features, in_features)
-    swiglu = SwiGLU(gate, up, pack=True)
+    swiglu = SwiGLU(gate, up, pack=True, kernel_config=KERNELS)
     torch.testing.assert_close(swiglu(x[:1]), swiglu(x)[:1], rtol=0, atol=0)
 
 
@@ -61,11 +66,13 @@ def test_packed_swiglu_matches_silu_of_gate_times_up(
     x = torch.randn(rows, in_features) * 30  # gates far beyond the exp's clamp at -87 / 88
     expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
     tolerance = {"rtol": 1e-5, "atol": 1e-5 * float(expected.abs().max())}
-    packed = SwiGLU(gate, up, pack=True)
+    packed = SwiGLU(gate, up, pack=True, kernel_config=KERNELS)
     torch.testing.assert_close(packed(x), expected, **tolerance)
     assert packed.width == width
     # unpacked (bfloat16, or packing switched off): torch ops on the concatenated weight
-    torch.testing.assert_close(SwiGLU(gate, up, pack=False)(x), expected, **tolerance)
+    torch.testing.assert_close(
+        SwiGLU(gate, up, pack=False, kernel_config=KERNELS)(x), expected, **tolerance
+    )
 
 
 @pytest.mark.parametrize("pack", [False, True])
@@ -73,9 +80,9 @@ def test_packed_swiglu_matches_silu_of_gate_times_up(
 def test_bfloat16_packed_or_not_is_exactly_f_linear(pack: bool, rows: int) -> None:
     """bf16 weights packed in oneDNN's layout (where oneDNN has native bf16) run the kernels
     F.linear runs: identical bits, with and without bias, for SwiGLU too."""
-    if pack and not packing_available(torch.bfloat16):
+    if pack and not packing_available(torch.bfloat16, KERNELS):
         pytest.skip("no native oneDNN bf16 on this host: bf16 weights stay unpacked")
-    if pack and bf16_widen.available():
+    if pack and bf16_widen.available(KERNELS):
         pytest.skip(
             "kernels without AVX-512 here: bf16 layers widen their weights in their own "
             "summation order, not oneDNN's (tested in test_bf16_widen.py)"
@@ -84,11 +91,13 @@ def test_bfloat16_packed_or_not_is_exactly_f_linear(pack: bool, rows: int) -> No
     weight, bias = torch.randn(96, 576).bfloat16(), torch.randn(96).bfloat16()
     x = torch.randn(rows, 576).bfloat16()
     for b in (None, bias):
-        layer = Linear(weight, b, pack=pack)
+        layer = Linear(weight, b, pack=pack, kernel_config=KERNELS)
         torch.testing.assert_close(layer(x), F.linear(x, weight, b), rtol=0, atol=0)
     gate, up = torch.randn(40, 576).bfloat16(), torch.randn(40, 576).bfloat16()
     expected = F.silu(F.linear(x, gate)) * F.linear(x, up)
-    torch.testing.assert_close(SwiGLU(gate, up, pack=pack)(x), expected, rtol=0, atol=0)
+    torch.testing.assert_close(
+        SwiGLU(gate, up, pack=pack, kernel_config=KERNELS)(x), expected, rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize(
@@ -154,7 +163,7 @@ def test_bfloat16_fused_swiglu_gives_torchs_bits(width: int, in_features: int) -
     torch.manual_seed(width)
     gate = (torch.randn(width, in_features) * 0.3).bfloat16()
     up = torch.randn(width, in_features).bfloat16()
-    layer = SwiGLU(gate, up, pack=True)
+    layer = SwiGLU(gate, up, pack=True, kernel_config=KERNELS)
     assert layer._bf16 is not None  # the fused path, not oneDNN + silu_mul
     for rows in (1, 2, 7, 8, 9, 32, 64, 65, 200, 2048):
         x = (torch.randn(rows, in_features) * 2).bfloat16()
@@ -185,18 +194,18 @@ def test_bfloat16_gemm_is_exact_where_onednn_runs_avx512_bf16() -> None:
     run it; elsewhere they stay on oneDNN."""
     from modelyard.runner import kernels
 
-    config = kernel_config()
+    config = KERNELS
     if config.isa == "avx512-bf16" and config.host == "avx512-bf16":
         assert kernels.bf16_gemm_exact()
-        assert kernels.bf16_gemm_path() == "avx512"
+        assert kernels.bf16_gemm_path(KERNELS.bf16_gemm) == "avx512"
     if kernels.amx_ready():
         assert kernels.amx_gemm_exact()
-        assert kernels.bf16_gemm_path() == "amx"
-    pack = packing_available(torch.bfloat16)  # as the model packs its weights
-    runs = pack and kernels.bf16_gemm_path() is not None
+        assert kernels.bf16_gemm_path(KERNELS.bf16_gemm) == "amx"
+    pack = packing_available(torch.bfloat16, KERNELS)  # as the model packs its weights
+    runs = pack and kernels.bf16_gemm_path(KERNELS.bf16_gemm) is not None
     weight = torch.randn(64, 576).bfloat16()
-    assert (Linear(weight, None, pack=pack)._bf16 is not None) == runs
-    assert (SwiGLU(weight, weight, pack=pack)._bf16 is not None) == runs
+    assert (Linear(weight, None, pack=pack, kernel_config=KERNELS)._bf16 is not None) == runs
+    assert (SwiGLU(weight, weight, pack=pack, kernel_config=KERNELS)._bf16 is not None) == runs
 
 
 def test_bfloat16_packing_follows_the_host() -> None:
@@ -204,12 +213,11 @@ def test_bfloat16_packing_follows_the_host() -> None:
     where the kernels have no AVX-512 (runner.bf16_widen)."""
     from modelyard.runner import kernels
 
-    native = kernels.cpu_has("avx512_bf16") and kernel_config().has("avx512-bf16")
+    native = kernels.cpu_has("avx512_bf16") and KERNELS.has("avx512-bf16")
     onednn = native and torch.backends.mkldnn.is_available()
-    assert packing_available(torch.bfloat16) == (onednn or bf16_widen.available())
+    assert packing_available(torch.bfloat16, KERNELS) == (onednn or bf16_widen.available(KERNELS))
 
 
-def test_packing_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packing_can_be_switched_off() -> None:
     switched_off = KernelConfig.from_env({"MODELYARD_PACKED_LINEAR": "0"})
-    monkeypatch.setattr(linear, "kernel_config", lambda: switched_off)
-    assert not packing_available(torch.float32)
+    assert not packing_available(torch.float32, switched_off)

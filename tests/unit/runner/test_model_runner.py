@@ -11,8 +11,10 @@ import pytest
 import torch
 from runner_driver import VOCAB, Driver, assert_matches_reference, hf_greedy, make_runner
 
-from modelyard.engine.config import CacheConfig, ModelConfig
+from modelyard.engine.config import CacheConfig, ModelConfig, kernels_from_environment
 from modelyard.runner.model_runner import ModelRunner
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.unit
 
@@ -132,6 +134,7 @@ def test_kv_blocks_from_byte_budget(tiny_models: dict[str, Path]) -> None:
     runner = ModelRunner(
         ModelConfig(model=str(tiny_models["llama"])),
         CacheConfig(block_size=4, kv_cache_bytes=100 * 1024),
+        kernels=KERNELS,
     )
     assert runner.num_kv_blocks == 50
     assert runner.max_model_len == 256

@@ -9,10 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner import kernels
 from modelyard.runner.sampler import Sampler, _native_draw
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.unit
 
@@ -192,7 +195,7 @@ def test_draws_follow_the_probabilities_chi_square() -> None:
     assert set(tokens) == {0, 6}
 
 
-needs_kernels = pytest.mark.skipif(not kernels.load(), reason="compiled kernels not built")
+needs_kernels = pytest.mark.skipif(not kernels.load(KERNELS), reason="compiled kernels not built")
 
 
 def _reference_draw(logits: torch.Tensor, inv_t: torch.Tensor, uniform: torch.Tensor) -> list[int]:

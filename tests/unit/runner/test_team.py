@@ -13,8 +13,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.models import llama
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +26,7 @@ pytestmark = pytest.mark.unit
 def _two_threads() -> Iterator[None]:
     """The team serves a 2-thread ATen pool; other tests (a runner's num_threads) may have set
     the process's thread count, so each test here sets 2 and puts the count back."""
-    assert kernels.load(), "the native kernels did not build (see scripts/setup)"
+    assert kernels.load(KERNELS), "the native kernels did not build (see scripts/setup)"
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

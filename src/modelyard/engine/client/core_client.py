@@ -2,7 +2,8 @@
 
 `EngineCoreClient.start(config)` starts the engine worker (`worker_entry.worker_main`) in a fresh
 interpreter with the worker's own environment (`worker_entry.WORKER_ENVIRONMENT`, passed to the
-child only) and waits for `EngineReady`. The process itself (reader, watchdog, stop ladder) is a
+child only, and ninja's folder on its PATH: `worker_entry.worker_path`) and waits for
+`EngineReady`. The process itself (reader, watchdog, stop ladder) is a
 `transport.process.WorkerSupervisor`; this module adds what the messages mean:
 
 - every `EngineOutputs` is split into its `EngineOutput`s, each handed to the sink of its
@@ -40,7 +41,7 @@ from modelyard.engine.messages import (
     UnpinPrefixes,
     WorkerMessage,
 )
-from modelyard.engine.worker_entry import WORKER_ENVIRONMENT, worker_main
+from modelyard.engine.worker_entry import WORKER_ENVIRONMENT, worker_main, worker_path
 from modelyard.transport.base import AsyncConnection
 from modelyard.transport.process import (
     InFlight,
@@ -135,7 +136,11 @@ class EngineCoreClient:
         )
         try:
             process = await start_process(
-                worker_main, (config, addresses), env=WORKER_ENVIRONMENT, name="engine"
+                worker_main,
+                (config, addresses),
+                env=WORKER_ENVIRONMENT,
+                path=worker_path(),
+                name="engine",
             )
         except BaseException:
             conn.close()

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from modelyard.runner import kernels
+from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.linear import Linear, int8_weights
 from modelyard.runner.lora.manager import LoRAManager
 
@@ -39,15 +40,23 @@ class LoRAGatedMLP:
     __slots__ = ("both", "fused_act", "layer", "lora", "packed", "width")
 
     def __init__(
-        self, gate: torch.Tensor, up: torch.Tensor, lora: LoRAManager, layer: int, *, pack: bool
+        self,
+        gate: torch.Tensor,
+        up: torch.Tensor,
+        lora: LoRAManager,
+        layer: int,
+        *,
+        pack: bool,
+        kernel_config: KernelConfig,
     ) -> None:
         self.width = int(gate.shape[0])
         self.lora = lora
         self.layer = layer
-        fused = pack and lora.kernel and not int8_weights()
+        fused = pack and lora.kernel and not int8_weights(kernel_config)
         self.packed = kernels.pack_swiglu(gate, up) if fused else None
-        self.both = None if fused else Linear(torch.cat([gate, up]).contiguous(), None, pack=pack)
-        self.fused_act = gate.dtype == torch.bfloat16 and kernels.load()
+        both = torch.cat([gate, up]).contiguous()
+        self.both = None if fused else Linear(both, None, pack=pack, kernel_config=kernel_config)
+        self.fused_act = gate.dtype == torch.bfloat16 and kernels.loaded()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         applies = self.lora.applies(self.layer, "gate_up")

@@ -93,7 +93,7 @@ class LoRAManager:
             for layer in range(shapes.num_layers)
             for group in GROUPS
         }  # (layer, group) -> the slots' stacked matrices
-        self.kernel = dtype == torch.float32 and kernels.load()  # csrc/lora.cpp runs the deltas
+        self.kernel = dtype == torch.float32 and kernels.loaded()  # csrc/lora.cpp runs the deltas
         self._rows: torch.Tensor | None = None  # in a step with adapters: (T,) slots, -1 = none
         self._groups: list[tuple[int, torch.Tensor]] = []  # (slot, its rows) for the torch path
         self._written: set[tuple[int, str]] = set()  # (layer, group)s some adapter wrote to

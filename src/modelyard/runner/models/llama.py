@@ -28,6 +28,7 @@ from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata, paged_attention, store_kv
 from modelyard.runner.decode_loop import DecodeLoop, LoopShape
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, concat
+from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.kv_layout import KV_PLAIN, kv_layout
 from modelyard.runner.linear import Linear, SwiGLU, packing_available
 from modelyard.runner.lora.adapter import BaseShapes
@@ -79,13 +80,19 @@ class LlamaModel:
         num_blocks: int,
         block_size: int,
         max_model_len: int,
+        kernel_config: KernelConfig,
         lora: LoRAConfig | None = None,
         gguf: Path | None = None,
     ) -> None:
-        """`gguf`: the GGUF file `path` was converted from, to keep its quantized blocks for
-        the linear layers (runner.gguf_weights; not with LoRA)."""
+        """`kernel_config`: the runner's kernel switches (packing, KV layout, attention, decode
+        loop), its kernels loaded (`kernels.load`); `gguf`: the GGUF file `path` was converted
+        from, to keep its quantized blocks for the linear layers (runner.gguf_weights; not with
+        LoRA)."""
         self.config = config
         self.dtype = dtype
+        self.kernel_config = kernel_config
+        # build or load the kernels now, not inside the first step (one library per process)
+        loaded = kernels.load(kernel_config)
         self.num_heads: int = config.num_attention_heads
         self.num_kv_heads: int = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim: int = getattr(config, "head_dim", None) or (
@@ -100,7 +107,8 @@ class LlamaModel:
         self.norm = state["model.norm.weight"].to(dtype)  # (H,)
         head = state.get("lm_head.weight")
         tied = getattr(config, "tie_word_embeddings", False) or head is None
-        pack = packing_available(dtype)
+        head_weight = self.embed if tied or head is None else head.to(dtype)
+        pack = packing_available(dtype, kernel_config)
         self.lora = LoRAManager(lora, BaseShapes.of(config), dtype) if lora is not None else None
         blocks = _gguf_blocks(gguf, config, self.lora)
         # H -> V; packing a tied head makes its own copy, the embedding table stays for lookups
@@ -108,22 +116,23 @@ class LlamaModel:
         self.lm_head: Projection = (
             GGUFLinear(head_blocks, None)
             if head_blocks is not None
-            else Linear(self.embed if tied or head is None else head.to(dtype), None, pack=pack)
+            else Linear(head_weight, None, pack=pack, kernel_config=kernel_config)
         )
         self.layers = [
-            _layer(state, i, dtype, pack, self.lora, blocks)
+            _layer(state, i, dtype, (pack, kernel_config), self.lora, blocks)
             for i in range(config.num_hidden_layers)
         ]
         del state
         tables = _rotary_tables(config, self.head_dim, dtype, max_model_len)
         self.cos, self.signed_sin = tables  # (P, hd) each
-        # build or load the kernels now, not inside the first step; float32 and bfloat16 run the
-        # fused ops
+        # float32 and bfloat16 run the fused ops
         native_dtype = dtype in (torch.float32, torch.bfloat16)
-        self.fused = native_dtype and kernels.load() and self.head_dim % 2 == 0
+        self.fused = native_dtype and loaded and self.head_dim % 2 == 0
         group = self.num_heads // self.num_kv_heads
         self.kv_layout = (
-            kv_layout(dtype, self.head_dim, block_size, group) if self.fused else KV_PLAIN
+            kv_layout(dtype, self.head_dim, block_size, group, kernel_config)
+            if self.fused
+            else KV_PLAIN
         )  # the caches' layout inside each block: only the fused path's kernels read tiles
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
@@ -143,7 +152,9 @@ class LlamaModel:
                 eps=self.eps,
                 scale=self.scale,
                 layout=self.kv_layout,
+                prefill_sdpa=self.kernel_config.prefill_sdpa,
             ),
+            self.kernel_config,
         )
 
     @staticmethod
@@ -193,7 +204,16 @@ class LlamaModel:
         v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
         k_cache, v_cache = self.k_cache[index], self.v_cache[index]
         store_kv(k, v, k_cache, v_cache, meta)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (T, nh, hd)
+        attn = paged_attention(
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            meta,
+            self.scale,
+            prefill_sdpa=self.kernel_config.prefill_sdpa,
+        )  # (T, nh, hd)
         x = x + w.o(attn.view(t, nh * hd))
         return x + w.down(w.mlp_in(_rms_norm(x, w.post_norm, self.eps)))  # (T, H)
 
@@ -218,7 +238,10 @@ class LlamaModel:
             q = qkv[:, : nh * hd].view(t, nh, hd)
             k = qkv[:, nh * hd : (nh + nkv) * hd].view(t, nkv, hd)
             v = qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.kv_layout)
+            attn = paged_attention(
+                q, k, v, k_cache, v_cache, meta, self.scale, self.kv_layout,
+                prefill_sdpa=self.kernel_config.prefill_sdpa,
+            )  # fmt: skip
             h = kernels.add_rms_norm(x, w.o(attn.view(t, nh * hd)), w.post_norm, self.eps)
             mlp = w.down(w.mlp_in(h))
             if i + 1 < len(self.layers):
@@ -290,7 +313,7 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
 def _gguf_blocks(gguf: Path | None, config: Any, lora: LoRAManager | None) -> GGUFWeights | None:
     if gguf is None:
         return None
-    if lora is not None or not kernels.load():
+    if lora is not None or not kernels.loaded():
         log.warning("GGUF blocks not used: %s", "LoRA is on" if lora else "no compiled kernels")
         return None
     log.info("linear layers on the quantized blocks of %s", gguf.name)
@@ -301,10 +324,11 @@ def _layer(
     state: dict[str, torch.Tensor],
     index: int,
     dtype: torch.dtype,
-    pack: bool,
+    packing: tuple[bool, KernelConfig],  # packing_available for the dtype, the switches
     lora: LoRAManager | None,
     blocks: GGUFWeights | None = None,
 ) -> LayerWeights:
+    pack, kernel_config = packing
     if blocks is not None:
         quantized = _gguf_layer(state, index, dtype, blocks)
         if quantized is not None:
@@ -329,21 +353,26 @@ def _layer(
             ]
         )
     qkv_weight = torch.cat([get(f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")])
-    qkv = Linear(qkv_weight.contiguous(), qkv_bias, pack=pack)
-    o = Linear(get("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"), pack=pack)
+
+    def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        return Linear(weight, bias, pack=pack, kernel_config=kernel_config)
+
+    qkv = linear(qkv_weight.contiguous(), qkv_bias)
+    o = linear(get("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"))
     gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
-    down = Linear(get("mlp.down_proj.weight"), None, pack=pack)
+    down = linear(get("mlp.down_proj.weight"), None)
     norms = {"input_norm": get("input_layernorm.weight")}
     norms["post_norm"] = get("post_attention_layernorm.weight")
     if lora is not None:  # the hook: adapter deltas on every projection
         return LayerWeights(
             qkv=LoRAProjection(qkv, lora, index, "qkv"),
             o=LoRAProjection(o, lora, index, "o"),
-            mlp_in=LoRAGatedMLP(gate, up, lora, index, pack=pack),
+            mlp_in=LoRAGatedMLP(gate, up, lora, index, pack=pack, kernel_config=kernel_config),
             down=LoRAProjection(down, lora, index, "down"),
             **norms,
         )
-    return LayerWeights(qkv=qkv, o=o, mlp_in=SwiGLU(gate, up, pack=pack), down=down, **norms)
+    mlp_in = SwiGLU(gate, up, pack=pack, kernel_config=kernel_config)
+    return LayerWeights(qkv=qkv, o=o, mlp_in=mlp_in, down=down, **norms)
 
 
 def _gguf_layer(

@@ -79,6 +79,7 @@ def build_proposer(
             num_blocks=num_blocks,
             block_size=target.block_size,
             max_model_len=max_model_len,
+            kernel_config=target.kernel_config,
         )
     return DraftProposer(model, block_size=target.block_size, shares_target_cache=False, team=team)
 

@@ -13,11 +13,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from modelyard.engine.config import LoRAConfig
+from modelyard.engine.config import LoRAConfig, kernels_from_environment
 from modelyard.engine.messages import LoRARequest
 from modelyard.runner import kernels
 from modelyard.runner.lora.adapter import BaseShapes
 from modelyard.runner.lora.manager import LoRAManager
+
+KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
 pytestmark = pytest.mark.unit
 
@@ -97,7 +99,7 @@ def test_each_row_gets_its_own_adapters_delta_and_base_rows_get_zero(tmp_path: P
     assert torch.equal(outside, torch.zeros(5, 16))
 
 
-@pytest.mark.skipif(not kernels.load(), reason="compiled kernels not built")
+@pytest.mark.skipif(not kernels.load(KERNELS), reason="compiled kernels not built")
 def test_the_kernels_give_the_torch_paths_deltas_and_swiglu(tmp_path: Path) -> None:
     modules = tuple(SHAPES.modules)
     paths = [write_adapter(tmp_path / n, i, modules=modules) for i, n in enumerate("ab")]
