@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.runner.loader import resolve_model
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -139,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = str(resolve_model(SOURCE).tokenizer_path)
+    tokenizer = str(resolve_model(SOURCE, cache_dir_from_environment()).tokenizer_path)
     port = free_port()
     with (out / "server.log").open("wb") as log:
         server = subprocess.Popen(

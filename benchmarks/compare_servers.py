@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.runner.loader import resolve_model
 from modelyard.sources import resolve_source
 
@@ -57,7 +58,7 @@ HERE = Path(__file__).parent
 def server_command(
     name: str, port: int, args: argparse.Namespace
 ) -> tuple[list[str], dict[str, str]]:
-    folder = str(resolve_model(SOURCE).path)
+    folder = str(resolve_model(SOURCE, cache_dir_from_environment()).path)
     env = peer_env(sys.executable)  # replaced below for the peers
     if name == "modelyard":
         import os
@@ -136,7 +137,7 @@ def measure(name: str, args: argparse.Namespace, out: Path) -> tuple[Path, float
             bench = bench_command(
                 url,
                 MODEL,
-                str(resolve_model(SOURCE).tokenizer_path),
+                str(resolve_model(SOURCE, cache_dir_from_environment()).tokenizer_path),
                 report,
                 num_requests=args.num_requests,
                 input_len=args.input_len,

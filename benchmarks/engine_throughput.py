@@ -53,9 +53,10 @@ SYSTEMS = ("hf_sequential", "hf_static", "textbook", "modelyard")
 
 
 def resolve_folder(source: str) -> str:
+    from modelyard.cache_dir import cache_dir_from_environment
     from modelyard.runner.loader import resolve_model
 
-    return str(resolve_model(source).path)
+    return str(resolve_model(source, cache_dir_from_environment()).path)
 
 
 # ----------------------------------------------------------------------------- transformers

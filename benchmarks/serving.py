@@ -34,6 +34,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from modelyard.cache_dir import cache_dir_from_environment
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 import emulation
@@ -272,7 +274,9 @@ def main() -> None:
 
     from modelyard.runner.loader import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(SOURCE).tokenizer_path)
+    tok = AutoTokenizer.from_pretrained(
+        resolve_model(SOURCE, cache_dir_from_environment()).tokenizer_path
+    )
     counts = {1: args.requests_c1, 32: args.requests_c32}
 
     def prompts(tag: str, concurrency: int) -> list[list[int]]:

@@ -33,10 +33,10 @@ def resolve_source(source: str) -> Path:
     return path
 
 
-def cache_dir() -> Path:
-    """The one folder for derived files (GGUF conversions under `converted/`, ONNX exports):
-    $MODELYARD_CACHE_DIR, by default ~/.cache/modelyard."""
-    root = os.environ.get("MODELYARD_CACHE_DIR") or os.path.expanduser("~/.cache/modelyard")
-    path = Path(root)
+def cache_dir(root: str) -> Path:
+    """The folder for derived files (GGUF conversions under `converted/`, ONNX exports) that a
+    config names (`ModelConfig.cache_dir`, `OnnxOptions.cache_dir`: modelyard.cache_dir), made
+    if missing."""
+    path = Path(os.path.expanduser(root))
     path.mkdir(parents=True, exist_ok=True)
     return path

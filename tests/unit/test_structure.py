@@ -195,39 +195,56 @@ def test_probe_finder_finds_one() -> None:
 
 
 #: Where no module may read or write the environment: the config layer reads it and passes the
-#: values down (the worker's child environment is set up by transport/).
+#: values down (the worker's child environment is set up by transport/ and the config layer).
 NO_ENV_ZONES = ("runner", "engine/core", "sources.py")
-#: Known exceptions, each to be removed by the change that fixes it: sources.cache_dir reads
-#: MODELYARD_CACHE_DIR.
-KNOWN_ENV_USERS = {Path("sources.py")}
+#: What reads or writes the process environment: `os.environ[...]` (read, assignment, `del`,
+#: `.get` / `.setdefault` / `.update` / `.pop`), `os.getenv`, `os.putenv`, `os.unsetenv`.
+_ENV_NAMES = ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
 
 
 def _env_uses(path: Path) -> list[int]:
-    """Lines of `os.environ` / `os.getenv` / `os.putenv` in one module."""
-    return sorted(
+    """Lines that read or write the environment in one module: `os.<name>` for `_ENV_NAMES`
+    (`os` under any alias), and those names imported from `os`."""
+    tree = ast.parse(path.read_text())
+    aliases = {"os"} | {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "os"
+    }
+    lines = {
         node.lineno
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(tree)
         if isinstance(node, ast.Attribute)
         and isinstance(node.value, ast.Name)
-        and node.value.id == "os"
-        and node.attr in ("environ", "getenv", "putenv", "environb")
-    )
+        and node.value.id in aliases
+        and node.attr in _ENV_NAMES
+    }
+    lines |= {
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "os"
+        and any(alias.name in _ENV_NAMES for alias in node.names)
+    }
+    return sorted(lines)
 
 
-def test_no_environment_reads_below_the_config_layer() -> None:
+def test_no_environment_reads_or_writes_below_the_config_layer() -> None:
     paths = [p for zone in NO_ENV_ZONES for p in sorted(SRC.glob(f"{zone}/**/*.py"))]
     paths += [SRC / zone for zone in NO_ENV_ZONES if zone.endswith(".py")]
-    found = {
-        f"{path.relative_to(SRC)}:{line}"
-        for path in paths
-        if path.relative_to(SRC) not in KNOWN_ENV_USERS
-        for line in _env_uses(path)
-    }
+    found = {f"{path.relative_to(SRC)}:{line}" for path in paths for line in _env_uses(path)}
     assert paths
     assert found == set()
 
 
-def test_environment_finder_finds_one(tmp_path: Path) -> None:
+def test_environment_finder_finds_reads_and_writes(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import os\nA = os.environ.get('X')\nB = os.getenv('Y')\n")
-    assert _env_uses(module) == [2, 3]
+    module.write_text(
+        "import os\nimport os as system\nfrom os import putenv\n"
+        "A = os.environ.get('X')\nB = os.getenv('Y')\n"
+        "os.environ['PATH'] = 'bin'\nsystem.environ.update(Z='1')\nos.unsetenv('Z')\n"
+        "C = os.path.join('a', 'b')\n"
+    )
+    assert _env_uses(module) == [3, 4, 5, 6, 7, 8]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from modelyard.cache_dir import DEFAULT_CACHE_DIR
 from modelyard.engine.messages import LoRARequest
 from modelyard.manager.base import ModelLoadError
 from modelyard.model_spec import ModelSpec
@@ -27,7 +28,9 @@ def check_adapter(name: str, path: str, root: str | None, base: ModelSpec, max_r
     folder = adapter_folder(path, root)
     adapter_files(folder, name)  # before the base: a folder without them is the request's fault
     try:
-        config = resolve_model(base.source).config
+        # where the engine finds the base's GGUF conversion: its engine config's cache_dir
+        cache_root = base.llm.model.cache_dir if base.llm is not None else DEFAULT_CACHE_DIR
+        config = resolve_model(base.source, cache_root).config
     except (ValueError, OSError) as exc:
         raise ModelLoadError(f"{base.id}: its config cannot be read: {exc}") from exc
     lora = LoRARequest(name=name, path=str(folder), adapter_id=0)

@@ -102,7 +102,8 @@ class OnnxBackend:
 
     def model_path(self) -> Path:
         if self.spec.source == "efficientnet-lite0":
-            return export_efficientnet_lite0(cache_dir() / "efficientnet-lite0-opset17.onnx")
+            folder = cache_dir(self.options.cache_dir)
+            return export_efficientnet_lite0(folder / "efficientnet-lite0-opset17.onnx")
         return resolve_source(self.spec.source)
 
     def load(self) -> None:

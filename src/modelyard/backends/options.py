@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.config_parse import ConfigError, check_fields, setting
 
 T = TypeVar("T")
@@ -30,6 +31,9 @@ class OnnxOptions:
     preset: OnnxPreset = ""  # pre/post-processing around the session ("": raw tensors)
     intra_op_num_threads: int | None = setting(None, ge=1)  # None: ONNX Runtime's default
     tokenizer: str = ""  # preset text-embedding: the tokenizer's source (a HF folder)
+    # where the packaged model's export goes: MODELYARD_CACHE_DIR (read when the catalog is
+    # built, modelyard.cache_dir), else ~/.cache/modelyard
+    cache_dir: str = setting(factory=cache_dir_from_environment)
 
     def __post_init__(self) -> None:
         check_fields(self)

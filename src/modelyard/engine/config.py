@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.config_parse import ConfigError, check_fields, from_mapping, setting
 from modelyard.runner.kernel_config import KernelConfig
 
@@ -39,6 +40,9 @@ class ModelConfig:
     """on: a model given as a GGUF file keeps the file's Q4_1 / Q8_0 blocks for its linear
     layers instead of its float32 conversion's weights (runner.gguf_weights); auto: as
     MODELYARD_WEIGHTS says (gguf: on)."""
+    cache_dir: str = setting(factory=cache_dir_from_environment)
+    """Where a GGUF file's conversion goes (under converted/): by default MODELYARD_CACHE_DIR,
+    else ~/.cache/modelyard, read when the config is built (modelyard.cache_dir)."""
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -4,8 +4,8 @@ Sources (ModelConfig.model):
 - a local HF folder: config.json + *.safetensors (+ tokenizer files);
 - a `.gguf` file: converted ONCE (dequantized to fp32 safetensors, config without
   quantization_config, tokenizer saved with save_pretrained) into a cache folder
-  `<cache root>/converted/<name>-<hash of path+size+mtime>/` (sources.cache_dir); later
-  loads read that folder;
+  `<cache root>/converted/<name>-<hash of path+size+mtime>/` (the cache root is the model
+  config's `cache_dir`, modelyard.cache_dir); later loads read that folder;
 - `package:<python package>/<file inside it>`: the package's folder is found with
   importlib (the package is never imported), then the file is resolved as above
   (modelyard.sources, as for every other model).
@@ -45,8 +45,9 @@ class ResolvedModel:
     converted_from: Path | None  # the .gguf file when `path` is a conversion, else None
 
 
-def resolve_model(source: str, cache_dir: Path | None = None) -> ResolvedModel:
-    """Resolve `source` to a ResolvedModel, converting a GGUF file once if needed."""
+def resolve_model(source: str, cache_root: str) -> ResolvedModel:
+    """Resolve `source` to a ResolvedModel, converting a GGUF file once if needed (into
+    `cache_root`/converted: a config's `cache_dir`)."""
     from transformers import AutoConfig
 
     path = resolve_source(source)
@@ -55,7 +56,7 @@ def resolve_model(source: str, cache_dir: Path | None = None) -> ResolvedModel:
         if path.suffix != ".gguf":
             raise ValueError(f"unsupported model file (expected .gguf): {path}")
         converted_from = path
-        path = convert_gguf(path, cache_dir or sources.cache_dir() / "converted")
+        path = convert_gguf(path, sources.cache_dir(cache_root) / "converted")
     elif not (path / "config.json").is_file():
         raise ValueError(f"not a Hugging Face model folder (no config.json): {path}")
     config = AutoConfig.from_pretrained(path)

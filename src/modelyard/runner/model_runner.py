@@ -91,7 +91,7 @@ class ModelRunner:
         self._team = kernels.decode_team
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
-        self.resolved = resolve_model(model_config.model)
+        self.resolved = resolve_model(model_config.model, model_config.cache_dir)
         config = self.resolved.config
         self.implementation: ImplementationName = choose_implementation(
             self.resolved, model_config.implementation
@@ -104,7 +104,7 @@ class ModelRunner:
         self._eos_token_ids = _eos_token_ids(self.resolved)
         if (speculative is not None or lora is not None) and self.implementation != "native":
             raise ValueError("speculative decoding and LoRA need the native implementation")
-        draft = resolve_draft(speculative, self.resolved)
+        draft = resolve_draft(speculative, self.resolved, model_config.cache_dir)
         per_block = LlamaModel.kv_bytes_per_block(config, self.dtype, self.block_size)
         if draft is not None:  # the draft's KV tensors share the target's block ids
             per_block += LlamaModel.kv_bytes_per_block(draft.config, self.dtype, self.block_size)

@@ -22,6 +22,9 @@ from e2e_server import READY_TIMEOUT_S, ServerProcess, free_port, stop_server
 
 from modelyard.agent import AgentConfig, KnowledgeAgent, ModelyardAPI
 from modelyard.agent.evaluation import hit_at, load_questions
+from modelyard.cache_dir import cache_dir_from_environment
+
+CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -136,7 +139,7 @@ def test_greedy_output_with_the_pin_matches_transformers(http: httpx.Client) -> 
     served = complete(http, question, prefix_id=pin["id"], max_tokens=10, logprobs=0)
     assert served["modelyard"]["cached_tokens"] >= pin["num_pinned_tokens"]
     http.delete(f"/v1/prefixes/{pin['id']}")
-    resolved = resolve_model(SOURCE)
+    resolved = resolve_model(SOURCE, CACHE_DIR)
     tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_path)
     model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
     ids = tokenizer.encode(knowledge) + tokenizer.encode(question, add_special_tokens=False)

@@ -29,7 +29,10 @@ import pytest
 import yaml
 from e2e_server import CATALOG, E2E_MODEL, ServerProcess, start_server, stop_server
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.gateway.keys import SqliteKeyStore, new_record
+
+CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -53,7 +56,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from lora_helpers import make_adapter
     from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 
-    base = resolve_model(DEFAULT_MODEL).path
+    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
     root = tmp_path_factory.mktemp("e2e-adapters")
     return {
         name: make_adapter(base, root / name, seed=i, rank=4 + 4 * i, std=0.08)
@@ -207,7 +210,7 @@ def merged_text(adapter: Path) -> str:
     from lora_helpers import MergedReference
     from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 
-    base = resolve_model(DEFAULT_MODEL).path
+    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
     tokenizer = AutoTokenizer.from_pretrained(base)
     ids = tokenizer.encode(PROMPT)
     tokens = MergedReference(base).greedy(adapter, ids, 10)
@@ -271,7 +274,7 @@ def test_malformed_adapters_are_400s_on_a_connection_that_serves_on(
     from lora_helpers import MALFORMED, malformed_adapters, tiny_llama
     from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 
-    base = resolve_model(DEFAULT_MODEL).path
+    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
     other_base = tiny_llama(tmp_path / "other-base", hidden=48)
     cases = malformed_adapters(base, adapters["finance"], tmp_path, other_base=other_base)
     load = f"{server.url}/v1/load_lora_adapter"

@@ -27,6 +27,9 @@ from e2e_server import E2E_MODEL
 from ray_cluster import RayCluster, RayServe
 
 from conftest import AUTOSCALED_MODEL, engine_of, replica_processes
+from modelyard.cache_dir import cache_dir_from_environment
+
+CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
 pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
 
@@ -146,7 +149,7 @@ def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from lora_helpers import make_adapter
     from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 
-    base = resolve_model(DEFAULT_MODEL).path
+    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
     return make_adapter(base, tmp_path_factory.mktemp("ray-adapter") / "finance", seed=3, rank=4)
 
 
@@ -157,7 +160,7 @@ def _merged_text(adapter: Path, prompt: str, max_tokens: int) -> str:
     from lora_helpers import MergedReference
     from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 
-    base = resolve_model(DEFAULT_MODEL).path
+    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
     tokenizer = AutoTokenizer.from_pretrained(base)
     tokens = MergedReference(base).greedy(adapter, tokenizer.encode(prompt), max_tokens)
     return str(tokenizer.decode(tokens, skip_special_tokens=True))

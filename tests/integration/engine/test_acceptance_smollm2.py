@@ -27,9 +27,12 @@ from acceptance_helpers import (
     run_core,
 )
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.runner import bf16_widen
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.model_runner import ModelRunner
+
+CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +79,9 @@ QUESTIONS = [
 def runner() -> ModelRunner:
     runner = load_runner(DEFAULT_MODEL, num_blocks=192)
     assert runner.implementation == "native"
-    assert Path(runner.model_path) == resolve_model(DEFAULT_MODEL).path  # the cached conversion
+    assert (
+        Path(runner.model_path) == resolve_model(DEFAULT_MODEL, CACHE_DIR).path
+    )  # the cached conversion
     return runner
 
 

@@ -17,12 +17,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, dequantize_gguf
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.models.llama import LlamaModel, _load_state
+
+CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
@@ -46,7 +49,7 @@ CHUNK = 48  # rows per forward: within the kernel's decode row counts
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, LlamaModel]:
-    resolved = resolve_model(DEFAULT_MODEL)
+    resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
     assert resolved.converted_from is not None
 
     def load(gguf: Path | None) -> LlamaModel:
@@ -59,7 +62,7 @@ def models() -> dict[str, LlamaModel]:
 
 
 def test_the_file_blocks_are_the_converted_weights() -> None:
-    resolved = resolve_model(DEFAULT_MODEL)
+    resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
     assert resolved.converted_from is not None
     blocks = GGUFWeights(resolved.converted_from, resolved.config)
     state = _load_state(resolved.path)
@@ -100,7 +103,7 @@ def chunked_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
 
 
 def test_logits_and_perplexity_match_float32(models: dict[str, LlamaModel]) -> None:
-    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).tokenizer_path)
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     ids = tok.encode(TEXT.read_text())[:600]
     logits = {name: chunked_logits(model, ids)[:-1] for name, model in models.items()}
     ref, got = logits["float32"], logits["gguf"]
@@ -123,7 +126,7 @@ def greedy(model: LlamaModel, ids: list[int]) -> list[int]:
 
 
 def test_greedy_continuations_are_identical(models: dict[str, LlamaModel]) -> None:
-    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).tokenizer_path)
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
         assert greedy(models["gguf"], ids) == greedy(models["float32"], ids), prompt

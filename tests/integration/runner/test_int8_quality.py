@@ -18,11 +18,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
 from modelyard.runner.models.llama import LlamaModel
+
+CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
@@ -49,7 +52,7 @@ BLOCK = 16
 
 
 def load(weights: str) -> LlamaModel:
-    resolved = resolve_model(DEFAULT_MODEL)
+    resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
     config = dataclasses.replace(KERNELS, weights=weights)  # type: ignore[arg-type]
     return LlamaModel(
         resolved.path, resolved.config, dtype=torch.float32, num_blocks=64,
@@ -85,7 +88,7 @@ def test_int8_weights_are_in_use(models: dict[str, LlamaModel]) -> None:
 
 
 def test_int8_perplexity_and_argmax_agreement(models: dict[str, LlamaModel]) -> None:
-    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).tokenizer_path)
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     ids = tok.encode(TEXT.read_text())
     results = {}
     for name, model in models.items():
@@ -100,7 +103,7 @@ def test_int8_perplexity_and_argmax_agreement(models: dict[str, LlamaModel]) -> 
 
 
 def test_int8_greedy_continuations_agree(models: dict[str, LlamaModel]) -> None:
-    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).tokenizer_path)
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     prefixes = []
     for prompt in PROMPTS:
         ids = tok.encode(prompt)

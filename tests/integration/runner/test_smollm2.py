@@ -26,13 +26,13 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # $MODELYARD_CACHE_DIR/converted, as resolve_model lays it out (sources.cache_dir)
+    # <cache_dir>/converted, as resolve_model lays it out (ModelConfig.cache_dir)
     return tmp_path_factory.mktemp("cache") / "converted"
 
 
 @pytest.fixture(scope="module")
 def converted(cache_dir: Path) -> Path:
-    return resolve_model(DEFAULT_MODEL, cache_dir).path
+    return resolve_model(DEFAULT_MODEL, str(cache_dir.parent)).path
 
 
 def test_conversion_is_cached(
@@ -47,7 +47,7 @@ def test_conversion_is_cached(
 
     monkeypatch.setattr(loader, "_write_conversion", no_reconvert)
     t0 = time.perf_counter()
-    again = resolve_model(DEFAULT_MODEL, cache_dir)
+    again = resolve_model(DEFAULT_MODEL, str(cache_dir.parent))
     assert time.perf_counter() - t0 < 3.0
     assert again.path == converted
     assert again.architecture == "LlamaForCausalLM"
@@ -80,14 +80,11 @@ def _greedy(runner: ModelRunner, prompt: list[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_greedy_chat_matches_generate(
-    converted: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: str
-) -> None:
+def test_greedy_chat_matches_generate(converted: Path, cache_dir: Path, dtype: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    monkeypatch.setenv("MODELYARD_CACHE_DIR", str(cache_dir.parent))
     runner = ModelRunner(
-        ModelConfig(model=DEFAULT_MODEL, dtype=dtype),  # type: ignore[arg-type]
+        ModelConfig(model=DEFAULT_MODEL, dtype=dtype, cache_dir=str(cache_dir.parent)),  # type: ignore[arg-type]
         CacheConfig(num_blocks=64),
         kernels=KERNELS,
     )

@@ -37,11 +37,14 @@ class Proposer(Protocol):
         ...
 
 
-def resolve_draft(config: SpeculativeConfig | None, target: ResolvedModel) -> ResolvedModel | None:
-    """The separate draft model of method=draft, checked against the target (ValueError)."""
+def resolve_draft(
+    config: SpeculativeConfig | None, target: ResolvedModel, cache_root: str
+) -> ResolvedModel | None:
+    """The separate draft model of method=draft, checked against the target (ValueError); a
+    GGUF draft is converted under `cache_root` as the target is."""
     if config is None or config.method != "draft" or config.draft_model is None:
         return None
-    draft = resolve_model(config.draft_model)
+    draft = resolve_model(config.draft_model, cache_root)
     if not native_supports(draft.architecture, draft.config):
         raise ValueError(f"draft model {config.draft_model!r}: no native implementation")
     if draft.config.vocab_size != target.config.vocab_size:
