@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from modelyard.manager.base import ModelLoadError
-from modelyard.manager.loaders import LLMModel
+from modelyard.manager.loaders import LLMModel, LoadedModel
 from modelyard.model_spec import ModelSpec
 
 
@@ -25,7 +25,7 @@ class Entry:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec  # the catalog entry
         self.state = State.UNLOADED  # see State
-        self.model: Any = None  # the LoadedModel while LOADED
+        self.model: LoadedModel | None = None  # while LOADED
         self.bytes = 0  # measured (or estimated) memory while LOADED
         self.bytes_at_detach = 0  # memory of the last unloaded worker (until it stopped)
         self.leases = 0  # active leases (block eviction)
@@ -41,7 +41,7 @@ class Entry:
     @property
     def is_idle(self) -> bool:
         """Evictable: no lease or waiter, not pinned, no pinned prefix in its engine."""
-        holds_pins = bool(getattr(self.model, "holds_pins", False))
+        holds_pins = self.model is not None and self.model.holds_pins
         return self.leases == 0 and self.waiters == 0 and not self.spec.pin and not holds_pins
 
     def touch(self) -> None:
@@ -98,7 +98,7 @@ class Entry:
             "idle_s": round(time.monotonic() - self.last_used, 3),
             "active_leases": self.leases,
             "loads": self.loads,
-            "pid": getattr(self.model, "pid", None),
+            "pid": self.model.pid if self.model is not None else None,
             "pin": self.spec.pin,
         }
         if isinstance(self.model, LLMModel):

@@ -39,6 +39,11 @@ class LoadedModel(Protocol):
     @property
     def is_alive(self) -> bool: ...
 
+    @property
+    def holds_pins(self) -> bool:
+        """An LLM engine holding pinned prefixes (the manager then keeps it resident)."""
+        ...
+
     metadata: dict[str, Any]  # KServe-style tensor metadata ({} for LLMs)
 
     def memory_bytes(self) -> int | None:

@@ -113,6 +113,10 @@ class WorkerProcess:
         return worker
 
     @property
+    def holds_pins(self) -> bool:
+        return False  # no KV cache: only LLM engines pin prefixes
+
+    @property
     def pid(self) -> int | None:
         return self.worker.pid
 

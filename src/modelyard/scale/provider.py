@@ -37,9 +37,22 @@ class RayPredictor:
         except Exception as exc:
             reraise_local(exc, llm=False)
 
-    async def call(self, method: str) -> Any:
+    async def metadata(self) -> dict[str, Any]:
+        """The model's KServe tensor metadata, from the replica that holds it."""
         try:
-            return await getattr(self._pool, method).remote()
+            return dict(await self._pool.metadata.remote())
+        except Exception as exc:
+            reraise_local(exc, llm=False)
+
+    async def load(self) -> None:
+        try:
+            await self._pool.load.remote()
+        except Exception as exc:
+            reraise_local(exc, llm=False)
+
+    async def unload(self) -> None:
+        try:
+            await self._pool.unload.remote()
         except Exception as exc:
             reraise_local(exc, llm=False)
 
@@ -87,20 +100,20 @@ class RayProvider:
             return Lease(spec.id, spec.kind, llm)
         predictor = self._predictor(spec)
         if spec.kind == ModelKind.TENSOR and spec.id not in self._metadata:
-            self._metadata[spec.id] = await predictor.call("metadata")
+            self._metadata[spec.id] = await predictor.metadata()
         self._loaded.add(spec.id)
         return Lease(spec.id, spec.kind, predictor, self._metadata.get(spec.id, {}))
 
     async def load(self, name: str) -> None:
         spec = self.catalog.resolve(name)
         if not spec.kind.is_llm:
-            await self._predictor(spec).call("load")
+            await self._predictor(spec).load()
             self._loaded.add(spec.id)
 
     async def unload(self, name: str) -> None:
         spec = self.catalog.resolve(name)
         if not spec.kind.is_llm:
-            await self._predictor(spec).call("unload")
+            await self._predictor(spec).unload()
             self._loaded.discard(spec.id)
 
     def spec(self, name: str) -> ModelSpec:
