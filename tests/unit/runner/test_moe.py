@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 from safetensors.torch import save_file
 
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
+from modelyard.runner.gguf_weights import Q8_0, Blocks, GGUFSwiGLU
 from modelyard.runner.linear import SwiGLU, packing_available
 from modelyard.runner.models import moe
 from modelyard.runner.models.moe import build_moe, is_moe_layer
@@ -57,8 +59,8 @@ def _configs() -> dict[str, tuple[Any, int]]:
             Qwen2MoeConfig(
                 **common,
                 intermediate_size=24,
-                moe_intermediate_size=16,
-                shared_expert_intermediate_size=20,
+                moe_intermediate_size=32,  # GGUF blocks: K a multiple of 32
+                shared_expert_intermediate_size=64,
                 num_experts=6,
                 num_experts_per_tok=4,
                 num_hidden_layers=1,
@@ -168,6 +170,65 @@ def test_each_expert_runs_at_most_once_per_call(
     layers = [layer for layer, _ in calls]
     assert len(layers) == len(set(layers)) <= 6 + 1
     assert sum(rows for _, rows in calls) == 33 * 4 + 33
+
+
+class QuantizedSource:
+    """A saved folder whose expert and shared-expert weights are Q8_0 blocks, as a GGUF source
+    gives them (`blocks`), or their dequantized float32 values (`tensor`), with `use_blocks`
+    False: what the converted folder holds."""
+
+    def __init__(self, folder: Path, *, use_blocks: bool) -> None:
+        self._inner = SafetensorsSource(folder)
+        self._use_blocks = use_blocks
+        self._blocks: dict[str, Blocks] = {}
+        self._floats: dict[str, torch.Tensor] = {}
+        for name in self._inner.names():
+            if ".experts." in name or ".shared_expert." in name:
+                weight = self._inner.tensor(name).float().numpy()
+                raw = quants.quantize(weight, GGMLQuantizationType.Q8_0)
+                self._blocks[name] = Blocks(Q8_0, raw, int(weight.shape[1]))
+                dequantized = quants.dequantize(raw, GGMLQuantizationType.Q8_0)
+                self._floats[name] = torch.from_numpy(dequantized)
+
+    def names(self) -> frozenset[str]:
+        return self._inner.names()
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._floats[name] if name in self._floats else self._inner.tensor(name)
+
+    def blocks(self, name: str) -> Blocks | None:
+        return self._blocks.get(name) if self._use_blocks else None
+
+
+def test_gguf_blocks_give_their_float_conversion(
+    tiny: dict[str, Tiny], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Experts whose weights the source gives as GGUF blocks run on them (GGUFSwiGLU /
+    GGUFLinear): the layer of the dequantized weights, up to summation order."""
+    built: list[int] = []
+
+    class Spy(GGUFSwiGLU):
+        def __init__(self, gate: Blocks, up: Blocks) -> None:
+            built.append(gate.n)
+            super().__init__(gate, up)
+
+    monkeypatch.setattr(moe, "GGUFSwiGLU", Spy)
+    model = tiny["qwen2"]
+    layers = [
+        build_moe(
+            QuantizedSource(model.folder, use_blocks=use_blocks),
+            model.layer,
+            model.model.config,
+            dtype=torch.float32,
+            pack=True,
+            kernel_config=KERNELS,
+        )
+        for use_blocks in (True, False)
+    ]
+    assert sorted(built) == [32] * 6 + [64]  # the six experts and the shared one
+    for rows in (1, 33):
+        x = torch.randn(rows, HIDDEN)
+        torch.testing.assert_close(layers[0](x), layers[1](x), rtol=1e-5, atol=1e-5)
 
 
 def test_which_layers_are_sparse() -> None:

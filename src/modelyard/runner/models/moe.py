@@ -75,7 +75,11 @@ def is_moe_layer(config: Any, index: int) -> bool:
         return True
     step = int(getattr(config, "decoder_sparse_step", 1) or 1)
     dense = index in (getattr(config, "mlp_only_layers", None) or [])
-    return int(getattr(config, family.experts_key, 0) or 0) > 0 and not dense and (index + 1) % step == 0
+    return (
+        int(getattr(config, family.experts_key, 0) or 0) > 0
+        and not dense
+        and (index + 1) % step == 0
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +187,9 @@ def build_moe(
     if family.shared_expert:
         router_rows.append(loader.tensor(f"{prefix}.shared_expert_gate.weight"))  # (1, H)
         shared = loader.expert(f"{prefix}.shared_expert.", _EXPERT_NAMES[0])
-    router = Linear(torch.cat(router_rows).contiguous(), None, pack=pack, kernel_config=kernel_config)
+    router = Linear(
+        torch.cat(router_rows).contiguous(), None, pack=pack, kernel_config=kernel_config
+    )
     experts = _experts(loader, names, f"{prefix}.experts", routing.experts)
     return _MoE(router, routing, experts, shared)
 
@@ -212,7 +218,11 @@ def _fused_experts(loader: _Loader, prefix: str, count: int) -> list[_Expert]:
     gate_up = loader.tensor(f"{prefix}.gate_up_proj")
     down = loader.tensor(f"{prefix}.down_proj")
     width = int(gate_up.shape[1]) // 2
-    if gate_up.dim() != 3 or gate_up.shape[0] != count or down.shape[:2] != (count, gate_up.shape[2]):
+    if (
+        gate_up.dim() != 3
+        or gate_up.shape[0] != count
+        or down.shape[:2] != (count, gate_up.shape[2])
+    ):
         raise ValueError(
             f"{prefix}: fused experts of shapes {tuple(gate_up.shape)} and {tuple(down.shape)}, "
             f"expected ({count}, 2I, H) and ({count}, H, I)"
