@@ -6,7 +6,9 @@ one place, `choose_implementation`. Each `execute`:
 2. native: flattens every scheduled token into one batch and builds the step's attention
    metadata once (slot mapping, block tables, masks); generic: runs request by request;
 3. computes logits only for the last token of each request with sample=True;
-4. samples them (runner.sampler) and returns token ids (+ logprobs).
+4. samples them (runner.sampler) and returns token ids (+ logprobs); the rows of requests with
+   an output constraint are masked first, with masks a worker thread computed during the
+   forward (runner.structured).
 
 With speculative decoding (native only), a proposer first fills the speculative slots of the
 step's decodes (runner.spec_decode); their tokens run after the decode's own token in the same
@@ -47,6 +49,8 @@ from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.sampler import Sampler
 from modelyard.runner.spec_decode import Proposer, build_proposer, resolve_draft
 from modelyard.runner.spec_decode.verify import verify
+from modelyard.runner.structured import StructuredOutputs
+from modelyard.runner.structured.matchers import hf_tokenizer_loader
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +135,9 @@ class ModelRunner:
                     self.resolved.path, self.resolved.architecture, self.dtype
                 )
         self.sampler = Sampler(self._eos_token_ids)
+        self.structured = StructuredOutputs(
+            hf_tokenizer_loader(self.tokenizer_path, self.vocab_size, self._eos_token_ids)
+        )
         self.proposer: Proposer | None = None
         if speculative is not None and self._native is not None:
             self.proposer = build_proposer(
@@ -192,14 +199,15 @@ class ModelRunner:
             return out
         with torch.inference_mode():
             drafts = self._propose(scheduled)
-            logits = self._logits(scheduled, drafts)  # (S + proposed tokens, V)
             sampled = [r for r in scheduled if r.sample]
             plain = [r for r in sampled if r.request_id not in drafts]
+            pending = self.structured.start(plain)  # grammar masks, overlapped with the forward
+            logits = self._logits(scheduled, drafts)  # (S + proposed tokens, V)
             if len(plain) < len(sampled):
                 first_rows = self._verify(logits, sampled, drafts, out)
                 logits = logits[first_rows]  # the plain requests' rows
             if plain:
-                tokens, logprobs = self.sampler.sample(logits, plain)
+                tokens, logprobs = self.sampler.sample(logits, plain, pending.result())
                 for req, token, lp in zip(plain, tokens, logprobs, strict=True):
                     out.sampled_token_ids[req.request_id] = token
                     if lp is not None:
@@ -209,6 +217,7 @@ class ModelRunner:
     def _forget(self, scheduler_output: SchedulerOutput) -> None:
         finished = scheduler_output.finished_request_ids
         self.sampler.forget(finished)
+        self.structured.forget(finished)
         if self._generic is not None:
             self._generic.forget(finished)
         if self.proposer is not None:

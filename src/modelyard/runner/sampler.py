@@ -3,6 +3,9 @@
 `Sampler.sample(logits, requests)` turns the logits of the sampled positions (one row per
 request with sample=True) into one token per row. Steps, in order (vLLM Sampler style):
 
+0. Structured output: the rows with an output constraint get -inf on every token their
+   grammar forbids (in place; runner.structured computed the masks). Everything below,
+   logprobs included, sees the constrained distribution; other rows are untouched.
 1. Raw log-probabilities: log_softmax of the unmodified logits, for rows that asked for
    logprobs (the sampled token's logprob and the top-k alternatives are read from these).
 2. Fast path: when every row is greedy with no penalties, no active min_tokens and no
@@ -38,6 +41,7 @@ from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.engine.messages import TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner import kernels
+from modelyard.runner.structured.masks import TokenMasks, apply_masks
 
 
 class Sampler:
@@ -53,9 +57,15 @@ class Sampler:
             self._generators.pop(rid, None)
 
     def sample(
-        self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[ScheduledRequest],
+        masks: TokenMasks | None = None,
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits: (B, V), row i for requests[i]. Returns (token ids, logprobs or None) per row."""
+        """logits: (B, V), row i for requests[i]. Returns (token ids, logprobs or None) per row.
+        `masks` (step 0): the constrained rows' allowed tokens, applied in place first."""
+        if masks is not None:
+            apply_masks(logits, masks)
         if all(_is_plain_greedy(r) for r in requests):
             # in the model's dtype: widening bf16 to float32 is exact, so the argmax is the same
             # (and a (32, 49152) float32 copy per decode step is saved)

@@ -1,0 +1,154 @@
+"""The matchers of the constrained requests and the token masks of each step.
+
+Everything here runs in the engine worker process. Per step (`ModelRunner.execute`):
+
+1. `start(requests)`, before the forward: a worker thread brings each constrained request's
+   matcher up to date with its output tokens — the tokens accepted since the last step are
+   consumed; when the output is shorter than what the matcher consumed (a preemption that
+   dropped tokens, a failed step re-run), the matcher rolls back (or is rebuilt from the
+   compiled grammar and replays the output) — then fills one bitmask row per constrained row;
+   the forward runs meanwhile (llguidance drops the GIL while computing a mask);
+2. `PendingMasks.result()` after the forward: the `TokenMasks` the sampler applies.
+
+Matchers are keyed by request id (one per engine request, so one per `n` sample) and created
+on first sight from the grammar cache; `forget` drops those of finished requests. A token the
+grammar rejects (never sampled through a mask) raises ConstraintError, which fails that request
+alone (engine/core/isolation.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import llguidance
+import torch
+
+from modelyard.engine.constraints import ConstraintError
+from modelyard.engine.core.scheduler_output import ScheduledRequest
+from modelyard.runner.structured.grammars import DEFAULT_CAPACITY, GrammarCache
+from modelyard.runner.structured.masks import TokenMasks
+
+TokenizerLoader = Callable[[], llguidance.LLTokenizer]
+
+
+@dataclass(slots=True)
+class StructuredStats:
+    """Cumulative figures of structured output (for the metrics)."""
+
+    constrained_requests: int = 0  # distinct requests that were given a matcher
+    compile_seconds: float = 0.0  # time spent compiling grammars
+    mask_seconds: float = 0.0  # time spent bringing matchers up to date and filling masks
+    mask_steps: int = 0  # steps with at least one constrained row
+
+
+@dataclass(slots=True)
+class _Matcher:
+    matcher: llguidance.LLMatcher
+    consumed: int = 0  # output tokens the matcher has consumed
+
+
+@dataclass(slots=True)
+class PendingMasks:
+    """The masks of one step, being computed by the worker thread."""
+
+    _future: Future[TokenMasks] | None = field(default=None)
+
+    def result(self) -> TokenMasks | None:
+        """The step's masks (None when no row is constrained); re-raises the thread's error."""
+        return None if self._future is None else self._future.result()
+
+
+class StructuredOutputs:
+    """Matchers per request, the grammar cache, and a one-thread pool for the masks."""
+
+    def __init__(self, load_tokenizer: TokenizerLoader, capacity: int = DEFAULT_CAPACITY) -> None:
+        """`load_tokenizer` is called once, at the first constrained request (building the
+        llguidance tokenizer of a 49k vocabulary takes ~0.5 s)."""
+        self._load_tokenizer = load_tokenizer
+        self._capacity = capacity
+        self._grammars: GrammarCache | None = None
+        self._matchers: dict[str, _Matcher] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._words = 0  # 32-bit words per bitmask row
+        self.stats = StructuredStats()
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            self._matchers.pop(rid, None)
+
+    def start(self, requests: Sequence[ScheduledRequest]) -> PendingMasks:
+        """Start computing the masks of `requests` (the step's sampled rows, in order)."""
+        rows = [i for i, r in enumerate(requests) if r.sampling_params.constraint is not None]
+        if not rows:
+            return PendingMasks()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
+        chosen = [requests[i] for i in rows]
+        return PendingMasks(self._pool.submit(self.masks, rows, chosen))
+
+    def masks(self, rows: list[int], requests: Sequence[ScheduledRequest]) -> TokenMasks:
+        """Synchronous step 1: update the matchers of `requests` and fill their rows."""
+        started = time.perf_counter()
+        grammars = self._grammar_cache()
+        bitmask = torch.zeros(len(requests), self._words, dtype=torch.int32)  # (R, W)
+        for j, req in enumerate(requests):
+            matcher = self._synced(grammars, req)
+            row = bitmask[j]
+            matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        self.stats.compile_seconds = grammars.compile_seconds
+        self.stats.mask_seconds += time.perf_counter() - started
+        self.stats.mask_steps += 1
+        return TokenMasks(rows=rows, bitmask=bitmask)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _grammar_cache(self) -> GrammarCache:
+        if self._grammars is None:
+            tokenizer = self._load_tokenizer()
+            self._grammars = GrammarCache(tokenizer, self._capacity)
+            self._words = (tokenizer.vocab_size + 31) // 32
+        return self._grammars
+
+    def _synced(self, grammars: GrammarCache, req: ScheduledRequest) -> llguidance.LLMatcher:
+        """The request's matcher, having consumed exactly its output tokens."""
+        constraint = req.sampling_params.constraint
+        assert constraint is not None  # start() picks constrained rows only
+        state = self._matchers.get(req.request_id)
+        if state is None:
+            state = _Matcher(grammars.matcher(constraint))
+            self._matchers[req.request_id] = state
+            self.stats.constrained_requests += 1
+        output = req.output_token_ids
+        if len(output) < state.consumed and not state.matcher.rollback(
+            state.consumed - len(output)
+        ):
+            state.matcher, state.consumed = grammars.matcher(constraint), 0
+        else:
+            state.consumed = min(state.consumed, len(output))
+        new = list(output[state.consumed :])
+        if new and not state.matcher.consume_tokens(new):
+            del self._matchers[req.request_id]
+            raise ConstraintError(f"request {req.request_id}: {state.matcher.get_error()[:300]}")
+        state.consumed = len(output)
+        return state.matcher
+
+
+def hf_tokenizer_loader(path: str, vocab_size: int, eos_token_ids: list[int]) -> TokenizerLoader:
+    """A loader of the llguidance tokenizer of the HF tokenizer in `path`, for a model whose
+    logits have `vocab_size` columns and whose generation ends with `eos_token_ids`."""
+
+    def load() -> llguidance.LLTokenizer:
+        import llguidance.hf
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(path)
+        eos = eos_token_ids or None
+        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)  # type: ignore[arg-type]
+
+    return load
