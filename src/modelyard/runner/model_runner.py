@@ -19,6 +19,7 @@ accepted drafts plus the target's next token.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -212,6 +213,7 @@ class ModelRunner:
                     out.sampled_token_ids[req.request_id] = token
                     if lp is not None:
                         out.logprobs[req.request_id] = lp
+        out.structured = dataclasses.replace(self.structured.stats)
         return out
 
     def _forget(self, scheduler_output: SchedulerOutput) -> None:

@@ -3,6 +3,6 @@ request, per-row token masks applied by the sampler (see `matchers` for the per-
 
 from modelyard.runner.structured.grammars import GrammarCache
 from modelyard.runner.structured.masks import TokenMasks, apply_masks
-from modelyard.runner.structured.matchers import StructuredOutputs, StructuredStats
+from modelyard.runner.structured.matchers import StructuredOutputs
 
-__all__ = ["GrammarCache", "StructuredOutputs", "StructuredStats", "TokenMasks", "apply_masks"]
+__all__ = ["GrammarCache", "StructuredOutputs", "TokenMasks", "apply_masks"]

@@ -27,21 +27,11 @@ import llguidance
 import torch
 
 from modelyard.engine.constraints import ConstraintError
-from modelyard.engine.core.scheduler_output import ScheduledRequest
+from modelyard.engine.core.scheduler_output import ScheduledRequest, StructuredOutputStats
 from modelyard.runner.structured.grammars import DEFAULT_CAPACITY, GrammarCache
 from modelyard.runner.structured.masks import TokenMasks
 
 TokenizerLoader = Callable[[], llguidance.LLTokenizer]
-
-
-@dataclass(slots=True)
-class StructuredStats:
-    """Cumulative figures of structured output (for the metrics)."""
-
-    constrained_requests: int = 0  # distinct requests that were given a matcher
-    compile_seconds: float = 0.0  # time spent compiling grammars
-    mask_seconds: float = 0.0  # time spent bringing matchers up to date and filling masks
-    mask_steps: int = 0  # steps with at least one constrained row
 
 
 @dataclass(slots=True)
@@ -73,7 +63,7 @@ class StructuredOutputs:
         self._matchers: dict[str, _Matcher] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._words = 0  # 32-bit words per bitmask row
-        self.stats = StructuredStats()
+        self.stats = StructuredOutputStats()
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
