@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-_BITS = torch.arange(32, dtype=torch.int32)  # bit j of a 32-bit word is token 32 * w + j
+# byte value -> its 8 bits, lowest first: (256, 8) bool. A row's int32 words read as
+# little-endian bytes (x86-64 and arm64 hosts) put token 8 * b + j at bit j of byte b.
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
 
 
 @dataclass(slots=True)
@@ -21,14 +23,17 @@ class TokenMasks:
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(R, W) int32 bitmask -> (R, vocab_size) bool, True where the token is allowed."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1  # (R, W, 32)
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+    by = bitmask.contiguous().view(torch.uint8).long()  # (R, 4W)
+    return _BYTE_BITS[by].reshape(bitmask.shape[0], -1)[:, :vocab_size]  # (R, 32W) -> (R, V)
 
 
 def apply_masks(logits: torch.Tensor, masks: TokenMasks) -> None:
     """In place on (B, V) logits: forbidden tokens of the constrained rows become -inf."""
     if not masks.rows:
         return
+    forbidden = ~allowed_tokens(masks.bitmask, logits.shape[1])  # (R, V)
+    if masks.rows == list(range(logits.shape[0])):  # every row constrained: no gather
+        logits.masked_fill_(forbidden, float("-inf"))
+        return
     rows = torch.tensor(masks.rows, dtype=torch.long)
-    allowed = allowed_tokens(masks.bitmask, logits.shape[1])  # (R, V)
-    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    logits[rows] = logits[rows].masked_fill(forbidden, float("-inf"))
