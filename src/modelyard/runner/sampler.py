@@ -242,6 +242,8 @@ def _collect_logprobs(
             continue
         row = raw[i]
         top_vals, top_ids = torch.topk(row, p.logprobs) if p.logprobs else (row[:0], row[:0])
+        finite = top_vals > float("-inf")  # a grammar's forbidden tokens are not alternatives
+        top_vals, top_ids = top_vals[finite], top_ids[finite]
         out.append(
             TokenLogprobs(
                 token_id=int(tokens[i]),

@@ -173,6 +173,18 @@ def test_sampler_draws_from_the_constrained_distribution(
     )
 
 
+def test_forbidden_tokens_are_not_listed_as_alternatives(
+    tokenizer: llguidance.LLTokenizer,
+) -> None:
+    structured = _structured(tokenizer)
+    batch = [_req("c", [], constraints.choice(["b"]))]  # one allowed token, two asked for
+    masks = structured.masks([0], batch)
+    _, (logprobs,) = Sampler([EOS]).sample(torch.randn(1, V), batch, masks)
+    assert logprobs is not None
+    assert (logprobs.token_id, logprobs.logprob) == (ord("b"), 0.0)
+    assert logprobs.top_token_ids == [ord("b")]
+
+
 def test_apply_masks_without_rows_is_a_no_op() -> None:
     logits = torch.randn(2, V)
     before = logits.clone()
