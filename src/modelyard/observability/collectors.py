@@ -10,10 +10,9 @@ right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
 - turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
   `prefix_cache_hits`, `num_preemptions`, `pinned_prefix_hits`, `num_failed_requests`,
   `lora_loads`, the `structured_*` ones, and the `spec_decode_*` ones of a model that
-  speculates, labelled with its proposer) into increments of the Prometheus counters, by remembering the last value seen per
-  model. A value lower than the last one means the engine restarted: the new value counts in
-  full (what Prometheus'
-  `rate()` assumes after a reset);
+  speculates, labelled with its proposer) into increments of the Prometheus counters, by
+  remembering the last value seen per model. A value lower than the last one means the engine
+  restarted: the new value counts in full (what Prometheus' `rate()` assumes after a reset);
 - removes the gauge series of models no longer loaded (counters keep their totals).
 """
 
