@@ -11,7 +11,7 @@ request with sample=True) into one token per row. Steps, in order (vLLM Sampler 
 2. Fast path: when every row is greedy with no penalties, no active min_tokens and no
    logprobs, return the argmax of the raw logits.
 3. min_tokens: while a row's output is shorter than min_tokens, its EOS and stop_token_ids
-   get -inf.
+   get -inf (not on constrained rows: their grammar decides where the output may end).
 4. Penalties: repetition penalty over prompt+output tokens (positive logits divided, negative
    multiplied), then frequency (per occurrence) and presence (once) penalties over output
    tokens, subtracted.
@@ -120,7 +120,7 @@ class Sampler:
         banned: list[int] = []
         for i, req in enumerate(requests):
             p = req.sampling_params
-            if len(req.output_token_ids) < p.min_tokens:
+            if len(req.output_token_ids) < p.min_tokens and p.constraint is None:
                 ids = [*self._eos_token_ids, *p.stop_token_ids]
                 rows += [i] * len(ids)
                 banned += ids

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.e2e
 NUM_SCHEMAS = 200
 CONCURRENCY = 24  # within the e2e server's running + waiting limits (16 + 32)
 MAX_TOKENS = 96
+PICK = {"guided_choice": ["alpha", "beta", "gamma"]}
+YES_NO = {"structured_outputs": {"choice": ["yes", "no"]}}
 
 
 def _leaf(rng: random.Random) -> dict[str, Any]:
@@ -116,6 +118,8 @@ async def test_many_schemas_and_kinds_in_one_mixed_batch(server: ServerProcess) 
         others = [
             ("/v1/chat/completions", free),
             ("/v1/chat/completions", _chat("Is the sky blue?", guided_choice=["yes", "no"])),
+            ("/v1/chat/completions", _chat("Pick one.", n=2, temperature=1.0, seed=5, **PICK)),
+            ("/v1/chat/completions", _chat("Yes or no?", logprobs=True, top_logprobs=5, **YES_NO)),
             (
                 "/v1/completions",
                 {
@@ -131,10 +135,15 @@ async def test_many_schemas_and_kinds_in_one_mixed_batch(server: ServerProcess) 
                 _chat("A person as JSON.", response_format={"type": "json_object"}),
             ),
         ]
-        results = await _post_all(client, [*others[:2], *bodies, *others[2:]])
-    mixed, yes_no, *schema_results, phone, obj = results
+        results = await _post_all(client, [*others[:4], *bodies, *others[4:]])
+    mixed, yes_no, picks, with_logprobs, *schema_results, phone, obj = results
     assert _choice(mixed) == _choice(alone)  # constrained batch mates leave it unchanged
     assert _choice(yes_no)[0] in {"yes", "no"}
+    assert {c["message"]["content"] for c in picks["choices"]} <= set(PICK["guided_choice"])
+    first = with_logprobs["choices"][0]["logprobs"]["content"][0]  # constrained alternatives only
+    assert all(
+        ("yes".startswith(t["token"]) or "no".startswith(t["token"])) for t in first["top_logprobs"]
+    )
     assert re.fullmatch(r"\d{3}-\d{4}", _choice(phone)[0])
     obj_text, obj_reason = _choice(obj)
     assert obj_reason == "length" or isinstance(json.loads(obj_text), dict)

@@ -190,3 +190,15 @@ def test_apply_masks_without_rows_is_a_no_op() -> None:
     before = logits.clone()
     apply_masks(logits, TokenMasks(rows=[], bitmask=torch.zeros(0, 9, dtype=torch.int32)))
     assert torch.equal(logits, before)
+
+
+def test_min_tokens_does_not_hold_back_a_complete_grammars_eos(
+    tokenizer: llguidance.LLTokenizer,
+) -> None:
+    structured = _structured(tokenizer)
+    req = _req("c", [ord("b")], constraints.choice(["b"]))
+    req.sampling_params = SamplingParams(
+        temperature=0.0, min_tokens=5, max_tokens=9, constraint=req.sampling_params.constraint
+    )
+    tokens, _ = Sampler([EOS]).sample(torch.randn(1, V), [req], structured.masks([0], [req]))
+    assert tokens == [EOS]
