@@ -115,12 +115,11 @@ class StructuredOutputs:
             self._matchers[req.request_id] = state
             self.stats.constrained_requests += 1
         output = req.output_token_ids
-        if len(output) < state.consumed and not state.matcher.rollback(
-            state.consumed - len(output)
-        ):
-            state.matcher, state.consumed = grammars.matcher(constraint), 0
-        else:
-            state.consumed = min(state.consumed, len(output))
+        if len(output) < state.consumed:  # the output got shorter: roll back, else rebuild
+            if state.matcher.rollback(state.consumed - len(output)):
+                state.consumed = len(output)
+            else:
+                state.matcher, state.consumed = grammars.matcher(constraint), 0
         new = list(output[state.consumed :])
         if new and not state.matcher.consume_tokens(new):
             del self._matchers[req.request_id]
