@@ -83,8 +83,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     constraint: Constraint | None = None
     """Structured output: the text must match this (engine/constraints.py). Each step masks
     the tokens the grammar forbids before sampling, so logprobs are those of the constrained
-    distribution; the request never speculates, ends with EOS once the grammar accepts, and
-    min_tokens does not hold its EOS back."""
+    distribution (drafts of speculative decoding are verified against the masked ones too); the
+    request ends with EOS once the grammar accepts, and min_tokens does not hold its EOS back."""
     cache_salt: str | None = None
     """Not a sampling knob: the request's prefix-cache salt (vLLM's `cache_salt`, composed by
     the API process with the tenant's). Mixed into the hash of the first KV block, so requests

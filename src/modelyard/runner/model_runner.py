@@ -50,7 +50,7 @@ from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.sampler import Sampler
 from modelyard.runner.spec_decode import Proposer, build_proposer, resolve_draft
 from modelyard.runner.spec_decode.verify import verify
-from modelyard.runner.structured import StructuredOutputs
+from modelyard.runner.structured import StructuredOutputs, TokenMasks, apply_masks
 from modelyard.runner.structured.matchers import hf_tokenizer_loader
 
 log = logging.getLogger(__name__)
@@ -202,13 +202,15 @@ class ModelRunner:
             drafts = self._propose(scheduled)
             sampled = [r for r in scheduled if r.sample]
             plain = [r for r in sampled if r.request_id not in drafts]
-            pending = self.structured.start(plain)  # grammar masks, overlapped with the forward
+            drafted = [(r, drafts[r.request_id]) for r in sampled if r.request_id in drafts]
+            pending = self.structured.start(plain, drafted)  # masks, overlapped with the forward
             logits = self._logits(scheduled, drafts)  # (S + proposed tokens, V)
-            if len(plain) < len(sampled):
-                first_rows = self._verify(logits, sampled, drafts, out)
+            masks = pending.result()
+            if drafted:
+                first_rows = self._verify(logits, sampled, drafts, out, masks.drafts)
                 logits = logits[first_rows]  # the plain requests' rows
             if plain:
-                tokens, logprobs = self.sampler.sample(logits, plain, pending.result())
+                tokens, logprobs = self.sampler.sample(logits, plain, masks.plain)
                 for req, token, lp in zip(plain, tokens, logprobs, strict=True):
                     out.sampled_token_ids[req.request_id] = token
                     if lp is not None:
@@ -238,10 +240,12 @@ class ModelRunner:
         sampled: list[ScheduledRequest],
         drafts: dict[str, list[int]],
         out: RunnerOutput,
+        masks: TokenMasks | None,
     ) -> torch.Tensor:
         """Verify the requests with drafts into `out` (rows of `logits`: per sampled request,
         one per proposed token plus one); return the rows of the others. Requests with drafts
-        never ask for logprobs (engine.core.spec_decode)."""
+        never ask for logprobs (engine.core.spec_decode). `masks`: those of the constrained
+        requests' rows (runner.structured)."""
         spans: list[int] = []  # rows of the requests with drafts
         plain_rows: list[int] = []
         row = 0
@@ -252,6 +256,8 @@ class ModelRunner:
         checked = [r for r in sampled if r.request_id in drafts]
         draft_lists = [drafts[r.request_id] for r in checked]
         spec_logits = logits[torch.tensor(spans, dtype=torch.long)]
+        if masks is not None:  # the constrained requests' rows, per draft prefix
+            apply_masks(spec_logits, masks)
         for req, draft, (num_accepted, token) in zip(
             checked,
             draft_lists,

@@ -22,8 +22,8 @@ about one. The pieces:
 
 Policy, per request and step (the textbook's rule as the default):
 1. the model has a speculative config (`draft_enabled`), and the request is a decode (its
-   prefill is done) that asks for no logprobs and has no output constraint (structured
-   output: its drafts are not checked against the grammar);
+   prefill is done) that asks for no logprobs (a request with an output constraint
+   speculates too: its verification rows are masked by its grammar, runner.structured);
 2. `SamplingParams.speculate`: False never speculates; True always does; None (the default)
    speculates when max_tokens is None or >= `long_output_tokens` (long outputs only), unless
    the request samples with a seed: a seed promises the same tokens whatever the batch mates,
@@ -104,12 +104,7 @@ class SpecDecodePolicy:
         """Rules 1, 2 and 4 for one request whose next step is a plain decode."""
         config = self.config
         params = request.sampling_params
-        if (
-            config is None
-            or params.speculate is False
-            or params.logprobs is not None
-            or params.constraint is not None
-        ):
+        if config is None or params.speculate is False or params.logprobs is not None:
             return 0
         if params.speculate is None:
             long_output = (

@@ -8,7 +8,10 @@ Everything here runs in the engine worker process. Per step (`ModelRunner.execut
    dropped tokens, a failed step re-run), the matcher rolls back (or is rebuilt from the
    compiled grammar and replays the output) — then fills one bitmask row per constrained row;
    the forward runs meanwhile (llguidance drops the GIL while computing a mask);
-2. `PendingMasks.result()` after the forward: the `TokenMasks` the sampler applies.
+2. `PendingMasks.result()` after the forward: the `TokenMasks` the sampler applies, and those
+   of the rows that verify drafts (speculative decoding: row p of a request is masked as if
+   its first p draft tokens were accepted, so verification accepts only grammatical drafts
+   and draws corrections from the constrained distribution).
 
 Matchers are keyed by request id (one per engine request, so one per `n` sample) and created
 on first sight from the grammar cache; `forget` drops those of finished requests. A token the
@@ -32,6 +35,7 @@ from modelyard.runner.structured.grammars import DEFAULT_CAPACITY, GrammarCache
 from modelyard.runner.structured.masks import TokenMasks
 
 TokenizerLoader = Callable[[], llguidance.LLTokenizer]
+Drafted = tuple[ScheduledRequest, Sequence[int]]  # a request with drafts, and its drafts
 
 
 @dataclass(slots=True)
@@ -41,14 +45,25 @@ class _Matcher:
 
 
 @dataclass(slots=True)
+class StepMasks:
+    """The masks of one step: for the plainly sampled rows, and for the verified draft rows."""
+
+    plain: TokenMasks | None = None
+    """Rows index the step's plainly sampled requests (None: none is constrained)."""
+    drafts: TokenMasks | None = None
+    """Rows index the verification rows of the requests with drafts: per request, in order,
+    one row per draft token plus one (None: none is constrained)."""
+
+
+@dataclass(slots=True)
 class PendingMasks:
     """The masks of one step, being computed by the worker thread."""
 
-    _future: Future[TokenMasks] | None = field(default=None)
+    _future: Future[StepMasks] | None = field(default=None)
 
-    def result(self) -> TokenMasks | None:
-        """The step's masks (None when no row is constrained); re-raises the thread's error."""
-        return None if self._future is None else self._future.result()
+    def result(self) -> StepMasks:
+        """The step's masks; re-raises the thread's error."""
+        return StepMasks() if self._future is None else self._future.result()
 
 
 class StructuredOutputs:
@@ -69,15 +84,40 @@ class StructuredOutputs:
         for rid in request_ids:
             self._matchers.pop(rid, None)
 
-    def start(self, requests: Sequence[ScheduledRequest]) -> PendingMasks:
-        """Start computing the masks of `requests` (the step's sampled rows, in order)."""
+    def start(
+        self, requests: Sequence[ScheduledRequest], drafted: Sequence[Drafted] = ()
+    ) -> PendingMasks:
+        """Start computing the masks of `requests` (the step's plainly sampled rows, in order)
+        and of `drafted` (the requests with drafts and their drafts, in verification order)."""
         rows = [i for i, r in enumerate(requests) if r.sampling_params.constraint is not None]
-        if not rows:
+        if not rows and all(r.sampling_params.constraint is None for r, _ in drafted):
             return PendingMasks()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
-        chosen = [requests[i] for i in rows]
-        return PendingMasks(self._pool.submit(self.masks, rows, chosen))
+        return PendingMasks(self._pool.submit(self._step_masks, rows, requests, drafted))
+
+    def _step_masks(
+        self, rows: list[int], requests: Sequence[ScheduledRequest], drafted: Sequence[Drafted]
+    ) -> StepMasks:
+        plain = self.masks(rows, [requests[i] for i in rows]) if rows else None
+        return StepMasks(plain, self.draft_masks(drafted))
+
+    def draft_masks(self, drafted: Sequence[Drafted]) -> TokenMasks | None:
+        """The masks of the verification rows of `drafted`: row p of a request is the mask
+        after its output and draft[:p]. Rows past a draft token the grammar rejects allow
+        everything (verification never reaches them: that token has probability 0). The
+        matchers end where they started."""
+        rows: list[int] = []
+        filled: list[torch.Tensor] = []
+        first = 0
+        for req, draft in drafted:
+            if req.sampling_params.constraint is not None:
+                started = time.perf_counter()
+                filled.append(self._draft_rows(req, draft))
+                rows += range(first, first + len(draft) + 1)
+                self.stats.mask_seconds += time.perf_counter() - started
+            first += len(draft) + 1
+        return TokenMasks(rows=rows, bitmask=torch.cat(filled)) if rows else None
 
     def masks(self, rows: list[int], requests: Sequence[ScheduledRequest]) -> TokenMasks:
         """Synchronous step 1: update the matchers of `requests` and fill their rows."""
@@ -97,6 +137,20 @@ class StructuredOutputs:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    def _draft_rows(self, req: ScheduledRequest, draft: Sequence[int]) -> torch.Tensor:
+        """(len(draft) + 1, W) masks of one request's verification rows."""
+        matcher = self._synced(self._grammar_cache(), req)
+        bitmask = torch.full((len(draft) + 1, self._words), -1, dtype=torch.int32)
+        valid = matcher.validate_tokens(list(draft))  # the draft's grammatical prefix
+        for p in range(valid + 1):
+            row = bitmask[p]
+            matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+            if p < valid:
+                matcher.consume_token(draft[p])
+        if valid and not matcher.rollback(valid):
+            del self._matchers[req.request_id]  # rebuilt from the output at the next sync
+        return bitmask
 
     def _grammar_cache(self) -> GrammarCache:
         if self._grammars is None:

@@ -140,11 +140,11 @@ def test_matcher_follows_the_output_and_rolls_back(tokenizer: llguidance.LLToken
 def test_start_masks_only_the_constrained_rows(tokenizer: llguidance.LLTokenizer) -> None:
     structured = _structured(tokenizer)
     batch = [_req("free", [], None), _req("re", [], constraints.regex("[0-9]{2}"))]
-    masks = structured.start(batch).result()
+    masks = structured.start(batch).result().plain
     assert masks is not None
     assert masks.rows == [1]
     assert _allowed(masks, 0) == {ord(d) for d in "0123456789"}
-    assert structured.start([_req("free", [], None)]).result() is None
+    assert structured.start([_req("free", [], None)]).result().plain is None
     structured.close()
 
 
@@ -202,3 +202,21 @@ def test_min_tokens_does_not_hold_back_a_complete_grammars_eos(
     )
     tokens, _ = Sampler([EOS]).sample(torch.randn(1, V), [req], structured.masks([0], [req]))
     assert tokens == [EOS]
+
+
+def test_draft_rows_are_masked_per_prefix_and_leave_the_matcher_unchanged(
+    tokenizer: llguidance.LLTokenizer,
+) -> None:
+    structured = _structured(tokenizer)
+    free, req = _req("free", [], None), _req("c", [], constraints.choice(["yes", "no"]))
+    draft = [ord("y"), ord("e"), ord("x"), ord("s")]  # "x" is not grammatical
+    masks = structured.start([], [(free, [5]), (req, draft)]).result()
+    assert masks.plain is None
+    assert masks.drafts is not None
+    assert masks.drafts.rows == [2, 3, 4, 5, 6]  # after the free request's 2 rows
+    assert _allowed(masks.drafts, 0) == {ord("y"), ord("n")}
+    assert _allowed(masks.drafts, 1) == {ord("e")}
+    assert _allowed(masks.drafts, 2) == {ord("s")}  # decides "x": rejected
+    assert _allowed(masks.drafts, 3) == set(range(V))  # never reached
+    assert _allowed(structured.masks([0], [req]), 0) == {ord("y"), ord("n")}
+    structured.close()
