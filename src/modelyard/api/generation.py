@@ -34,6 +34,7 @@ from starlette.requests import Request
 
 from modelyard.api.errors import ClientDisconnectedError
 from modelyard.api.limits import check_generation_limits
+from modelyard.engine.client.errors import MissingCapabilityError
 from modelyard.engine.client.protocol import (
     EngineDeadError,
     LLMClient,
@@ -248,6 +249,8 @@ async def open_generation(
         prompts = await build_prompts(lease.llm)
         server = request.app.state.config.server
         check_generation_limits(len(prompts), params, lease.llm.max_model_len, server)
+        if params.constraint is not None and not lease.llm.capabilities.structured_output:
+            raise MissingCapabilityError(lease.model_id, "structured output")
         return await _start_streams(
             lease.llm, prompts, params, principal.priority + priority, lease.model_id, principal
         )

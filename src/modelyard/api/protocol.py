@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelyard.api.structured import StructuredFields
 from modelyard.engine.sampling_params import (
     INT32_MAX,
     INT64_MAX,
@@ -29,8 +30,8 @@ class StreamOptions(BaseModel):
     include_usage: bool = False  # send a final chunk with `usage` (choices: [])
 
 
-class SamplingFields(BaseModel):
-    """Sampling fields shared by every generating route."""
+class SamplingFields(StructuredFields):
+    """Sampling fields shared by every generating route (structured output: api/structured.py)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -70,7 +71,9 @@ class SamplingFields(BaseModel):
             _check_logit_bias(self.logit_bias)
             raise InvalidParamError("logit_bias", "is not supported (only {} is accepted)")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        requested = self.requested_constraint()
         values: dict[str, Any] = {
+            "constraint": requested.constraint if requested is not None else None,
             "n": self.n,
             "max_tokens": max_tokens,
             "min_tokens": self.min_tokens,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import msgspec
 
+from modelyard.engine.constraints import Constraint
+
 #: Largest number of top alternatives a request may ask for (`logprobs`).
 MAX_LOGPROBS = 20
 #: Longest `cache_salt`, in characters (after the API process composed it).
@@ -78,6 +80,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Speculative decoding for this request: None follows the model's policy (long outputs
     only), True asks for it regardless of max_tokens, False turns it off. No effect on a model
     without a draft; requests with logprobs never speculate."""
+    constraint: Constraint | None = None
+    """Structured output: the text must match this (engine/constraints.py). Each step masks
+    the tokens the grammar forbids before sampling, so logprobs are those of the constrained
+    distribution (drafts of speculative decoding are verified against the masked ones too); the
+    request ends with EOS once the grammar accepts, and min_tokens does not hold its EOS back."""
     cache_salt: str | None = None
     """Not a sampling knob: the request's prefix-cache salt (vLLM's `cache_salt`, composed by
     the API process with the tenant's). Mixed into the hash of the first KV block, so requests
@@ -123,6 +130,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             all(0 <= t <= INT32_MAX for t in self.stop_token_ids),
             "stop_token_ids",
             "must be token ids (>= 0)",
+        )
+        _check(
+            self.constraint is None or not self.ignore_eos,
+            "ignore_eos",
+            "cannot be combined with structured output",
         )
         _check(all(s != "" for s in self.stop), "stop", "must not contain empty strings")
         _check(

@@ -9,11 +9,10 @@ right now. `refresh_engine_metrics()` runs before every `/metrics` scrape and
   `pinned_prefix_blocks`, `pinned_prefixes`;
 - turns the cumulative counters of `SchedulerStats` (`prefix_cache_queries`,
   `prefix_cache_hits`, `num_preemptions`, `pinned_prefix_hits`, `num_failed_requests`,
-  `lora_loads`, and the `spec_decode_*` ones of a model that speculates, labelled with its
-  proposer) into increments of the Prometheus counters, by remembering the last value seen per
-  model. A value lower than the last one means the engine restarted: the new value counts in
-  full (what Prometheus'
-  `rate()` assumes after a reset);
+  `lora_loads`, the `structured_*` ones, and the `spec_decode_*` ones of a model that
+  speculates, labelled with its proposer) into increments of the Prometheus counters, by
+  remembering the last value seen per model. A value lower than the last one means the engine
+  restarted: the new value counts in full (what Prometheus' `rate()` assumes after a reset);
 - removes the gauge series of models no longer loaded (counters keep their totals).
 """
 
@@ -47,6 +46,10 @@ from modelyard.observability.metrics import (
     SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
     SPEC_DECODE_NUM_DRAFT_TOKENS,
     SPEC_DECODE_NUM_DRAFTS,
+    STRUCTURED_COMPILE_SECONDS,
+    STRUCTURED_MASK_SECONDS,
+    STRUCTURED_MASK_STEPS,
+    STRUCTURED_REQUESTS,
 )
 
 EngineStatsSource = Callable[[], dict[str, SchedulerStats]]
@@ -60,6 +63,13 @@ _CUMULATIVE: tuple[tuple[str, Counter], ...] = (
     ("pinned_prefix_hits", PINNED_PREFIX_HITS),
     ("num_failed_requests", ENGINE_FAILED_REQUESTS),
     ("lora_loads", LORA_LOADS),
+    ("structured_requests", STRUCTURED_REQUESTS),
+    ("structured_mask_steps", STRUCTURED_MASK_STEPS),
+)
+_SECONDS: tuple[tuple[str, Counter], ...] = (  # cumulative float seconds, counted in ms
+    ("lora_load_seconds", LORA_LOAD_SECONDS),
+    ("structured_compile_seconds", STRUCTURED_COMPILE_SECONDS),
+    ("structured_mask_seconds", STRUCTURED_MASK_SECONDS),
 )
 _GAUGES = (
     NUM_REQUESTS_RUNNING,
@@ -132,9 +142,9 @@ class EngineStatsCollector:
         last = self._last.setdefault(model, {})
         for name, counter in _CUMULATIVE:
             _increment(last, name, int(getattr(stats, name)), counter.labels(model=model))
-        LORA_LOAD_SECONDS.labels(model=model).inc(
-            _gain(last, "lora_load_ms", round(stats.lora_load_seconds * 1000)) / 1000
-        )
+        for name, counter in _SECONDS:
+            ms = round(float(getattr(stats, name)) * 1000)
+            counter.labels(model=model).inc(_gain(last, f"{name}_ms", ms) / 1000)
         method = stats.spec_decode_method
         if not method:
             return

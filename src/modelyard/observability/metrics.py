@@ -131,6 +131,18 @@ LORA_LOADS = Counter(P + "lora_loads", "LoRA adapters read from disk.", ["model"
 LORA_LOAD_SECONDS = Counter(
     P + "lora_load_seconds", "Time spent reading LoRA adapters and packing slots.", ["model"]
 )
+STRUCTURED_REQUESTS = Counter(
+    P + "structured_requests", "Requests with an output constraint (structured output).", ["model"]
+)
+STRUCTURED_COMPILE_SECONDS = Counter(
+    P + "structured_compile_seconds", "Time spent compiling output grammars.", ["model"]
+)
+STRUCTURED_MASK_SECONDS = Counter(
+    P + "structured_mask_seconds", "Time spent computing grammar token masks.", ["model"]
+)
+STRUCTURED_MASK_STEPS = Counter(
+    P + "structured_mask_steps", "Engine steps with at least one constrained row.", ["model"]
+)
 SPEC_DECODE_NUM_DRAFTS = Counter(
     P + "spec_decode_num_drafts", "Speculative verifications of >= 1 token.", ["model", "method"]
 )

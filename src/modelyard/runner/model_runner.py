@@ -6,7 +6,9 @@ one place, `choose_implementation`. Each `execute`:
 2. native: flattens every scheduled token into one batch and builds the step's attention
    metadata once (slot mapping, block tables, masks); generic: runs request by request;
 3. computes logits only for the last token of each request with sample=True;
-4. samples them (runner.sampler) and returns token ids (+ logprobs).
+4. samples them (runner.sampler) and returns token ids (+ logprobs); the rows of requests with
+   an output constraint are masked first, with masks a worker thread computed during the
+   forward (runner.structured).
 
 With speculative decoding (native only), a proposer first fills the speculative slots of the
 step's decodes (runner.spec_decode); their tokens run after the decode's own token in the same
@@ -17,6 +19,7 @@ accepted drafts plus the target's next token.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -47,6 +50,8 @@ from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.sampler import Sampler
 from modelyard.runner.spec_decode import Proposer, build_proposer, resolve_draft
 from modelyard.runner.spec_decode.verify import verify
+from modelyard.runner.structured import StructuredOutputs, TokenMasks, apply_masks
+from modelyard.runner.structured.matchers import hf_tokenizer_loader
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,9 @@ class ModelRunner:
                     self.resolved.path, self.resolved.architecture, self.dtype
                 )
         self.sampler = Sampler(self._eos_token_ids)
+        self.structured = StructuredOutputs(
+            hf_tokenizer_loader(self.tokenizer_path, self.vocab_size, self._eos_token_ids)
+        )
         self.proposer: Proposer | None = None
         if speculative is not None and self._native is not None:
             self.proposer = build_proposer(
@@ -192,23 +200,28 @@ class ModelRunner:
             return out
         with torch.inference_mode():
             drafts = self._propose(scheduled)
-            logits = self._logits(scheduled, drafts)  # (S + proposed tokens, V)
             sampled = [r for r in scheduled if r.sample]
             plain = [r for r in sampled if r.request_id not in drafts]
-            if len(plain) < len(sampled):
-                first_rows = self._verify(logits, sampled, drafts, out)
+            drafted = [(r, drafts[r.request_id]) for r in sampled if r.request_id in drafts]
+            pending = self.structured.start(plain, drafted)  # masks, overlapped with the forward
+            logits = self._logits(scheduled, drafts)  # (S + proposed tokens, V)
+            masks = pending.result()
+            if drafted:
+                first_rows = self._verify(logits, sampled, drafts, out, masks.drafts)
                 logits = logits[first_rows]  # the plain requests' rows
             if plain:
-                tokens, logprobs = self.sampler.sample(logits, plain)
+                tokens, logprobs = self.sampler.sample(logits, plain, masks.plain)
                 for req, token, lp in zip(plain, tokens, logprobs, strict=True):
                     out.sampled_token_ids[req.request_id] = token
                     if lp is not None:
                         out.logprobs[req.request_id] = lp
+        out.structured = dataclasses.replace(self.structured.stats)
         return out
 
     def _forget(self, scheduler_output: SchedulerOutput) -> None:
         finished = scheduler_output.finished_request_ids
         self.sampler.forget(finished)
+        self.structured.forget(finished)
         if self._generic is not None:
             self._generic.forget(finished)
         if self.proposer is not None:
@@ -227,10 +240,12 @@ class ModelRunner:
         sampled: list[ScheduledRequest],
         drafts: dict[str, list[int]],
         out: RunnerOutput,
+        masks: TokenMasks | None,
     ) -> torch.Tensor:
         """Verify the requests with drafts into `out` (rows of `logits`: per sampled request,
         one per proposed token plus one); return the rows of the others. Requests with drafts
-        never ask for logprobs (engine.core.spec_decode)."""
+        never ask for logprobs (engine.core.spec_decode). `masks`: those of the constrained
+        requests' rows (runner.structured)."""
         spans: list[int] = []  # rows of the requests with drafts
         plain_rows: list[int] = []
         row = 0
@@ -241,6 +256,8 @@ class ModelRunner:
         checked = [r for r in sampled if r.request_id in drafts]
         draft_lists = [drafts[r.request_id] for r in checked]
         spec_logits = logits[torch.tensor(spans, dtype=torch.long)]
+        if masks is not None:  # the constrained requests' rows, per draft prefix
+            apply_masks(spec_logits, masks)
         for req, draft, (num_accepted, token) in zip(
             checked,
             draft_lists,

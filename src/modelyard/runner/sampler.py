@@ -3,12 +3,15 @@
 `Sampler.sample(logits, requests)` turns the logits of the sampled positions (one row per
 request with sample=True) into one token per row. Steps, in order (vLLM Sampler style):
 
+0. Structured output: the rows with an output constraint get -inf on every token their
+   grammar forbids (in place; runner.structured computed the masks). Everything below,
+   logprobs included, sees the constrained distribution; other rows are untouched.
 1. Raw log-probabilities: log_softmax of the unmodified logits, for rows that asked for
    logprobs (the sampled token's logprob and the top-k alternatives are read from these).
 2. Fast path: when every row is greedy with no penalties, no active min_tokens and no
    logprobs, return the argmax of the raw logits.
 3. min_tokens: while a row's output is shorter than min_tokens, its EOS and stop_token_ids
-   get -inf.
+   get -inf (not on constrained rows: their grammar decides where the output may end).
 4. Penalties: repetition penalty over prompt+output tokens (positive logits divided, negative
    multiplied), then frequency (per occurrence) and presence (once) penalties over output
    tokens, subtracted.
@@ -38,6 +41,7 @@ from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.engine.messages import TokenLogprobs
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner import kernels
+from modelyard.runner.structured.masks import TokenMasks, apply_masks
 
 
 class Sampler:
@@ -53,9 +57,15 @@ class Sampler:
             self._generators.pop(rid, None)
 
     def sample(
-        self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[ScheduledRequest],
+        masks: TokenMasks | None = None,
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits: (B, V), row i for requests[i]. Returns (token ids, logprobs or None) per row."""
+        """logits: (B, V), row i for requests[i]. Returns (token ids, logprobs or None) per row.
+        `masks` (step 0): the constrained rows' allowed tokens, applied in place first."""
+        if masks is not None:
+            apply_masks(logits, masks)
         if all(_is_plain_greedy(r) for r in requests):
             # in the model's dtype: widening bf16 to float32 is exact, so the argmax is the same
             # (and a (32, 49152) float32 copy per decode step is saved)
@@ -110,7 +120,7 @@ class Sampler:
         banned: list[int] = []
         for i, req in enumerate(requests):
             p = req.sampling_params
-            if len(req.output_token_ids) < p.min_tokens:
+            if len(req.output_token_ids) < p.min_tokens and p.constraint is None:
                 ids = [*self._eos_token_ids, *p.stop_token_ids]
                 rows += [i] * len(ids)
                 banned += ids
@@ -232,6 +242,8 @@ def _collect_logprobs(
             continue
         row = raw[i]
         top_vals, top_ids = torch.topk(row, p.logprobs) if p.logprobs else (row[:0], row[:0])
+        finite = top_vals > float("-inf")  # a grammar's forbidden tokens are not alternatives
+        top_vals, top_ids = top_vals[finite], top_ids[finite]
         out.append(
             TokenLogprobs(
                 token_id=int(tokens[i]),

@@ -25,6 +25,7 @@ from acceptance_helpers import (
     tiny_model,
 )
 
+from modelyard.engine import constraints
 from modelyard.engine.config import (
     CacheConfig,
     EngineConfig,
@@ -308,3 +309,31 @@ def test_self_draft_is_the_targets_first_layers_then_its_norm_and_head(
         hidden = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0]
         expected = hf.lm_head(hf.model.norm(hidden))  # after layer 0 only
     assert torch.allclose(ours, expected, atol=1e-4)
+
+
+def test_constrained_greedy_speculation_equals_plain_decoding(
+    spec: Speculating, corpus: list[int]
+) -> None:
+    """Drafts of constrained requests are verified against their grammar's masked rows: the
+    tokens are those of plain constrained decoding (permissive grammars accept drafts, strict
+    ones reject most)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    grammars = {
+        "p0": constraints.regex(r"(.|\n){24,200}"),
+        "p1": constraints.regex(r"[a-z ]{10,30}"),
+        "p2": constraints.json_schema(schema),
+        "p3": None,
+    }
+
+    def params(speculate: bool) -> dict[str, SamplingParams]:
+        return {
+            rid: msgspec.structs.replace(greedy(speculate), constraint=grammar)
+            for rid, grammar in grammars.items()
+        }
+
+    prompts = prompts_of(corpus)
+    plain = run_core(spec_core(spec.runner, None), prompts, params(False))
+    run = run_core(spec_core(spec.runner, spec.config), prompts, params(True))
+    assert run.stats is not None
+    assert run.stats.spec_decode_num_drafts > 0
+    assert run.tokens == plain.tokens

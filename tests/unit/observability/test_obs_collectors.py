@@ -92,3 +92,22 @@ def test_spec_decode_counters_are_labelled_with_the_proposer() -> None:
         "modelyard:spec_decode_num_accepted_tokens_per_pos_total", **labels, position="1"
     )
     assert per_pos - p0 == 2
+
+
+def test_structured_output_counters() -> None:
+    model = "collector-structured-model"
+    collector = EngineStatsCollector()
+    stats = SchedulerStats(
+        structured_requests=5,
+        structured_compile_seconds=0.25,
+        structured_mask_seconds=0.5,
+        structured_mask_steps=40,
+    )
+    unregister = collector.register(lambda: {model: stats})
+    collector.refresh()
+    collector.refresh()  # the same snapshot counts once
+    assert sample("modelyard:structured_requests_total", model=model) == 5
+    assert sample("modelyard:structured_compile_seconds_total", model=model) == 0.25
+    assert sample("modelyard:structured_mask_seconds_total", model=model) == 0.5
+    assert sample("modelyard:structured_mask_steps_total", model=model) == 40
+    unregister()

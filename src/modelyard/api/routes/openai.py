@@ -30,6 +30,7 @@ from modelyard.api.openai_format import ChoiceText, OpenAIFormat, finish_reason_
 from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from modelyard.api.routes.prefixes import resolve_named_prefix
 from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
+from modelyard.api.structured import check_constraint
 from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.sampling_params import SamplingParams
@@ -45,6 +46,7 @@ _INLINE_TEMPLATE_CHARS = 4096
 @runs_model
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     params = body.to_sampling_params()
+    await check_constraint(body.requested_constraint())
     messages = [m.as_template_message() for m in body.messages]
 
     async def build(llm: LLMClient) -> list[Prompt]:
@@ -76,6 +78,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 @runs_model
 async def completions(body: CompletionRequest, request: Request) -> Response:
     params = body.to_sampling_params()
+    await check_constraint(body.requested_constraint())
     prompts = body.prompts()
 
     async def build(llm: LLMClient) -> list[Prompt]:

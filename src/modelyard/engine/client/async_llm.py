@@ -64,9 +64,9 @@ class AsyncLLM:
         capabilities: EngineCapabilities | None = None,
     ) -> None:
         """Wrap a ready client; `start` is the usual way in (it declares the capabilities the
-        engine config gives: LoRA, speculation; pins always)."""
+        engine config gives: LoRA, speculation; pins and structured output always)."""
         admission = admission or AdmissionConfig()
-        self._capabilities = capabilities or EngineCapabilities(pins=True)
+        self._capabilities = capabilities or EngineCapabilities(pins=True, structured_output=True)
         self._client = client
         self._tokenizer = tokenizer
         self._model_name = model_name
@@ -111,6 +111,7 @@ class AsyncLLM:
                 lora=config.lora is not None,
                 pins=True,
                 speculation=config.speculative is not None,
+                structured_output=True,
             ),
         )
 

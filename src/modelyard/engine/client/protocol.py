@@ -90,7 +90,7 @@ class EngineCapabilities:
     lora: bool = False  # runs requests with a LoRA adapter (`generate(lora=...)`, `drop_loras`)
     pins: bool = False  # pins prefixes in its KV cache (`prefixes`)
     speculation: bool = False  # speculative decoding is configured
-    structured_output: bool = False  # grammar-constrained decoding (not served yet)
+    structured_output: bool = False  # output constraints (SamplingParams.constraint)
     tools: bool = False  # tool calls (not served yet)
 
 

@@ -28,6 +28,7 @@ from modelyard.engine.core.scheduler_output import (
     RunnerOutput,
     SchedulerOutput,
     StepRunner,
+    StructuredOutputStats,
 )
 from modelyard.engine.core.spec_decode import SpecDecodePolicy
 from modelyard.engine.messages import (
@@ -77,6 +78,7 @@ class EngineCore:
         )
         self.prefixes = PrefixPins(kv, limit, clock)
         self.num_computed_tokens = 0  # cumulative tokens run through the model
+        self.structured = StructuredOutputStats()  # the runner's latest structured-output figures
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request. ValueError when it can never run: a prompt longer than the
@@ -131,6 +133,7 @@ class EngineCore:
             self.scheduler.discard(scheduler_output)  # no half-written KV in the prefix cache
             raise
         self.num_computed_tokens += scheduler_output.num_batched_tokens
+        self.structured = runner_output.structured or self.structured
         outputs = failed + self.scheduler.update(scheduler_output, runner_output)
         return [self.prefixes.finish(output) for output in outputs]
 
@@ -157,6 +160,10 @@ class EngineCore:
             num_pinned_prefixes=len(self.prefixes),
             pinned_prefix_hits=kv.pinned_hits,
             prefix_hits=self.prefixes.hits(),
+            structured_requests=self.structured.constrained_requests,
+            structured_compile_seconds=self.structured.compile_seconds,
+            structured_mask_seconds=self.structured.mask_seconds,
+            structured_mask_steps=self.structured.mask_steps,
         )
         if self._lora is not None:
             self._lora.fill_lora_stats(stats)

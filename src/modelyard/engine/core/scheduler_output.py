@@ -89,6 +89,16 @@ class DraftResult:
 
 
 @dataclass(slots=True)
+class StructuredOutputStats:
+    """Cumulative figures of a runner's structured output (runner.structured)."""
+
+    constrained_requests: int = 0  # distinct requests that were given a grammar matcher
+    compile_seconds: float = 0.0  # time spent compiling grammars
+    mask_seconds: float = 0.0  # time spent updating matchers and filling token masks
+    mask_steps: int = 0  # steps with at least one constrained row
+
+
+@dataclass(slots=True)
 class RunnerOutput:
     """What the runner produced for one SchedulerOutput."""
 
@@ -100,6 +110,8 @@ class RunnerOutput:
     """request id -> its verified proposal, for requests with num_spec_tokens > 0 (missing or
     empty: nothing was proposed). The sampled token is the target's token after the accepted
     ones."""
+    structured: StructuredOutputStats | None = None
+    """A snapshot of the runner's structured-output figures (None: it has none to report)."""
 
 
 class StepRunner(Protocol):

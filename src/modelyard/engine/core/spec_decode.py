@@ -22,7 +22,8 @@ about one. The pieces:
 
 Policy, per request and step (the textbook's rule as the default):
 1. the model has a speculative config (`draft_enabled`), and the request is a decode (its
-   prefill is done) that asks for no logprobs;
+   prefill is done) that asks for no logprobs (a request with an output constraint
+   speculates too: its verification rows are masked by its grammar, runner.structured);
 2. `SamplingParams.speculate`: False never speculates; True always does; None (the default)
    speculates when max_tokens is None or >= `long_output_tokens` (long outputs only), unless
    the request samples with a seed: a seed promises the same tokens whatever the batch mates,

@@ -395,3 +395,26 @@ def test_the_fault_drill_keeps_the_rest_of_the_runner() -> None:
     poisoned = with_poison(runner, [POISON])
     assert poisoned is not runner
     assert poisoned.slots is runner.slots  # type: ignore[attr-defined]  # e.g. check_lora
+
+
+def test_the_runners_structured_output_figures_reach_the_stats() -> None:
+    from modelyard.engine.core.scheduler_output import StructuredOutputStats
+
+    class StructuredRunner(FakeKVRunner):
+        def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+            out = super().execute(scheduler_output)
+            out.structured = StructuredOutputStats(2, 0.5, 0.25, self.num_steps)
+            return out
+
+    core = make_core(StructuredRunner(num_kv_blocks=8))
+    assert core.stats().structured_requests == 0
+    core.add_request(
+        EngineRequest(
+            request_id="a", prompt_token_ids=[5, 6], sampling_params=SamplingParams(max_tokens=3)
+        )
+    )
+    core.step()
+    core.step()
+    stats = core.stats()
+    assert (stats.structured_requests, stats.structured_mask_steps) == (2, 2)
+    assert (stats.structured_compile_seconds, stats.structured_mask_seconds) == (0.5, 0.25)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from modelyard.engine.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from modelyard.engine.constraints import regex
 from modelyard.engine.core.request import Request
 from modelyard.engine.core.scheduler import Scheduler
 from modelyard.engine.core.scheduler_output import DraftResult, RunnerOutput, SchedulerOutput
@@ -201,6 +202,7 @@ def policy_slots(params: dict[str, object], running: int = 1) -> int:
         ({"max_tokens": 16, "speculate": True}, 1, 4),  # unless the request asks
         ({"max_tokens": 500, "speculate": False}, 1, 0),  # or opts out
         ({"max_tokens": 500, "logprobs": 2}, 1, 0),  # logprobs: never
+        ({"max_tokens": 500, "speculate": True, "constraint": regex("a+")}, 1, 4),  # constrained
         ({"max_tokens": 500, "seed": 3}, 1, 0),  # a seeded sampled request only if it asks
         ({"max_tokens": 500, "seed": 3, "speculate": True}, 1, 4),
         ({"max_tokens": 500, "seed": 3, "temperature": 0.0}, 1, 4),
