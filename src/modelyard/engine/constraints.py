@@ -4,7 +4,8 @@ A `Constraint` is a wire value (it rides in `SamplingParams.constraint`): a kind
 canonical text, so two requests asking for the same thing carry equal constraints and the
 engine compiles the grammar once for both (runner/structured). Kinds:
 
-- `json_schema`: `spec` is the JSON Schema, serialised with sorted keys and no spaces;
+- `json_schema`: `spec` is the JSON Schema, serialised without spaces (keys keep their order:
+  properties are generated in the schema's order);
 - `json_object`: any JSON object (`spec` is empty);
 - `regex`: the whole output matches the regular expression (Rust `regex` syntax);
 - `choice`: the output is exactly one of the strings (`spec`: a JSON list of them);
@@ -118,7 +119,7 @@ def check(constraint: Constraint) -> None:
 
 
 def _canonical_json(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _as_lark(text: str) -> str:

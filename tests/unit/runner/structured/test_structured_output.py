@@ -5,6 +5,7 @@ distribution."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import llguidance
@@ -95,8 +96,12 @@ def test_cache_compiles_each_constraint_once_and_stays_bounded(
 
 def test_canonical_schema_text_makes_equal_constraints() -> None:
     one = constraints.json_schema({"type": "object", "required": ["a"], "properties": {}})
-    two = constraints.json_schema({"properties": {}, "required": ["a"], "type": "object"})
-    assert one == two and hash(one) == hash(two)
+    two = constraints.json_schema(
+        json.loads('{"type":"object", "required": ["a"],"properties":{}}')
+    )
+    assert one == two
+    assert hash(one) == hash(two)
+    assert one.spec == '{"type":"object","required":["a"],"properties":{}}'  # order kept
 
 
 @pytest.mark.parametrize(
@@ -136,7 +141,8 @@ def test_start_masks_only_the_constrained_rows(tokenizer: llguidance.LLTokenizer
     structured = _structured(tokenizer)
     batch = [_req("free", [], None), _req("re", [], constraints.regex("[0-9]{2}"))]
     masks = structured.start(batch).result()
-    assert masks is not None and masks.rows == [1]
+    assert masks is not None
+    assert masks.rows == [1]
     assert _allowed(masks, 0) == {ord(d) for d in "0123456789"}
     assert structured.start([_req("free", [], None)]).result() is None
     structured.close()
@@ -157,7 +163,8 @@ def test_sampler_draws_from_the_constrained_distribution(
     assert tokens == [ord("a"), ord("c")]
     assert torch.equal(logits[0], reference[0])  # the free row is untouched
     free, constrained = logprobs
-    assert free is not None and constrained is not None
+    assert free is not None
+    assert constrained is not None
     assert free.logprob == pytest.approx(float(torch.log_softmax(reference[0], -1)[ord("a")]))
     pair = reference[1, [ord("b"), ord("c")]]
     assert constrained.logprob == pytest.approx(float(torch.log_softmax(pair, -1)[1]), abs=1e-5)
