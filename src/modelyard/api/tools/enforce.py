@@ -39,7 +39,7 @@ def forced_calls(schemas: Mapping[str, Mapping[str, Any]], *, parallel: bool) ->
     options = [call_schema(name, params) for name, params in schemas.items()]
     schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     schema = {"x-guidance": _JSON_OPTIONS, **schema}
-    body = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    body = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)  # keys keep their order
     start = 'start: call ("\\n" call)*' if parallel else "start: call"
     text = f'{start}\ncall: "<tool_call>\\n" %json {body} "\\n</tool_call>"\n'
     return constraints.grammar(text)

@@ -55,10 +55,14 @@ def request(**fields: Any) -> ChatCompletionRequest:
     ],
 )
 def test_malformed_tool_fields_name_the_field(fields: dict[str, Any], param: str) -> None:
-    with pytest.raises(InvalidParamError) as caught:
-        body = request(**fields)
+    body = request(**fields)
+
+    def check() -> None:
         body.checked_tool_offer()
         body.to_sampling_params()
+
+    with pytest.raises(InvalidParamError) as caught:
+        check()
     assert caught.value.param == param
 
 
@@ -85,7 +89,9 @@ def test_a_tool_message_must_answer_an_earlier_call() -> None:
 def test_auto_offers_the_tools_without_a_constraint_and_none_offers_nothing() -> None:
     auto = request(tools=[TOOL])
     offer = auto.checked_tool_offer()
-    assert offer is not None and offer.tools == [TOOL] and not offer.required
+    assert offer is not None
+    assert offer.tools == [TOOL]
+    assert not offer.required
     assert auto.to_sampling_params().constraint is None
     assert request(tools=[TOOL], tool_choice="none").checked_tool_offer() is None
 
@@ -97,7 +103,8 @@ def test_required_and_named_choices_force_a_compiling_grammar(choice: object) ->
     other = {"type": "function", "function": {"name": "get_time"}}
     body = request(tools=[TOOL, other], tool_choice=choice)
     constraint = body.to_sampling_params().constraint
-    assert constraint is not None and constraint.kind is ConstraintKind.GRAMMAR
+    assert constraint is not None
+    assert constraint.kind is ConstraintKind.GRAMMAR
     constraints.check(constraint)
     named = isinstance(choice, dict)
     assert ("get_time" in constraint.spec) is not named

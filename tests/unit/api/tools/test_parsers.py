@@ -76,8 +76,10 @@ def assemble(calling: ToolCalling, pieces: list[str]) -> tuple[str, list[dict[st
         content += piece.content
         for entry in piece.tool_calls:
             if "id" in entry:
-                assert entry["type"] == "function" and entry["function"]["arguments"] == ""
-                assert entry["id"].startswith("call_") and entry["index"] == len(calls)
+                assert entry["type"] == "function"
+                assert entry["function"]["arguments"] == ""
+                assert entry["id"].startswith("call_")
+                assert entry["index"] == len(calls)
                 calls.append({"name": entry["function"]["name"], "arguments": ""})
             else:
                 assert set(entry) == {"index", "function"}

@@ -55,7 +55,8 @@ async def test_calls_come_back_as_message_tool_calls(
     message = choice["message"]
     assert message["content"] == "Checking."
     [call] = message["tool_calls"]
-    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["id"].startswith("call_")
+    assert call["type"] == "function"
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert tool_llm.rendered[-1][1] == [TOOL]  # the template got the tools
     assert tool_llm.calls[-1].params.constraint is None  # auto: the model chooses
@@ -87,7 +88,8 @@ async def test_required_sends_the_forcing_grammar_and_none_offers_nothing(
     r = await tool_client.post("/v1/chat/completions", json={**BODY, "tool_choice": "required"})
     assert r.status_code == 200, r.text
     constraint = tool_llm.calls[-1].params.constraint
-    assert constraint is not None and "get_weather" in constraint.spec
+    assert constraint is not None
+    assert "get_weather" in constraint.spec
     r = await tool_client.post("/v1/chat/completions", json={**BODY, "tool_choice": "none"})
     assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": REPLY}
     assert tool_llm.rendered[-1][1] is None
