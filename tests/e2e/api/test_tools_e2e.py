@@ -6,12 +6,13 @@ malformed tools are 400s. A tiny model: structure is asserted, not cleverness.""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 import openai
 import pytest
 from e2e_server import E2E_MODEL, ServerProcess
+from pydantic import BaseModel
 
 pytestmark = pytest.mark.e2e
 
@@ -155,3 +156,35 @@ def test_malformed_tools_are_400s(
             model=E2E_MODEL, messages=QUESTION, max_tokens=4, **body
         )
     assert caught.value.body["param"] == param  # type: ignore[index]
+
+
+class GetWeather(BaseModel):
+    """The weather forecast of a city."""
+
+    city: Literal["Paris", "London", "Tokyo"]
+    days: Literal[1, 2, 3]
+
+
+def test_sdk_parse_with_a_pydantic_tool_and_a_pydantic_response_format(
+    server: ServerProcess,
+) -> None:
+    client = _client(server)
+    tool = openai.pydantic_function_tool(GetWeather)  # strict: true, additionalProperties false
+    called = client.chat.completions.parse(
+        model=E2E_MODEL,
+        messages=QUESTION,
+        tools=[tool],
+        tool_choice="required",
+        max_tokens=60,
+        temperature=0,
+    )
+    [call] = called.choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, GetWeather)
+    answered = client.chat.completions.parse(
+        model=E2E_MODEL,
+        messages=QUESTION,
+        response_format=GetWeather,
+        max_tokens=60,
+        temperature=0,
+    )
+    assert isinstance(answered.choices[0].message.parsed, GetWeather)
