@@ -178,8 +178,9 @@ def test_sdk_parse_with_a_pydantic_tool_and_a_pydantic_response_format(
         max_tokens=60,
         temperature=0,
     )
-    [call] = called.choices[0].message.tool_calls
-    assert isinstance(call.function.parsed_arguments, GetWeather)
+    calls = called.choices[0].message.tool_calls
+    assert calls  # a tiny model may call more than once (parallel calls are allowed)
+    assert all(isinstance(c.function.parsed_arguments, GetWeather) for c in calls)
     answered = client.chat.completions.parse(
         model=E2E_MODEL,
         messages=QUESTION,
