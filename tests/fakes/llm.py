@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from modelyard.engine.client.prefixes import EnginePrefixes
 from modelyard.engine.client.protocol import (
@@ -61,6 +62,8 @@ class FakeLLM:
     live: set[str] = field(default_factory=set)
     shut: bool = False  # shutdown() was called
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    reply: str | None = None  # generate this text instead of the reversed prompt
+    rendered: list[tuple[list[dict[str, Any]], list[Any] | None]] = field(default_factory=list)
     # LoRA (requests carry the adapter), no pins (no KV cache)
     capabilities: EngineCapabilities = field(default_factory=lambda: EngineCapabilities(lora=True))
 
@@ -92,7 +95,10 @@ class FakeLLM:
     def is_alive(self) -> bool:
         return True
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
+    ) -> list[int]:
+        self.rendered.append(([dict(m) for m in messages], list(tools) if tools else None))
         text = "|".join(f"{m['role']}:{m['content']}" for m in messages)
         return [ord(c) for c in text]
 
@@ -142,7 +148,9 @@ class FakeLLM:
         max_tokens = params.max_tokens or (self.max_len - len(text))
         if len(text) + max_tokens > self.max_len:
             raise PromptTooLongError(f"{len(text)} prompt tokens + {max_tokens} > {self.max_len}")
-        target = text[::-1][:max_tokens] or "x"
+        target = (self.reply if self.reply is not None else text[::-1])[:max_tokens] or "x"
+        # a whole reply ends on its own (stop); a reversed prompt runs to its length
+        ending = FinishReason.STOP if target == self.reply else FinishReason.LENGTH
         metrics = RequestMetrics(arrival_time=1000.0, first_scheduled_time=1000.5)
         self.live.add(request_id)
         self.started.set()
@@ -174,7 +182,7 @@ class FakeLLM:
                             text=piece,
                             token_ids=[ord(char)],
                             logprobs=logprobs,
-                            finish_reason=FinishReason.LENGTH if last else None,
+                            finish_reason=ending if last else None,
                         )
                     )
                 generated += params.n

@@ -6,6 +6,8 @@ extra field, `modelyard`, on non-streaming responses and on the usage chunk:
 `usage` carries the cached prompt tokens in OpenAI's `prompt_tokens_details.cached_tokens` too.
 
 Choice indices: prompt p's completion i is choice `p * n + i` (as OpenAI numbers them).
+With tools offered (`tool_calling`), chat messages carry `tool_calls` and streams
+`delta.tool_calls` (api/tools/parsing.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelyard.api.tools.parsing import StreamPiece, ToolCalling, ToolCallStream
 from modelyard.engine.client.protocol import CompletionDelta, Tokenizer
 from modelyard.engine.messages import FinishReason, TokenLogprobs
 
@@ -54,7 +57,15 @@ def usage_body(
 class OpenAIFormat:
     """Builds the bodies of one response; `chat` selects chat.completion vs text_completion."""
 
-    def __init__(self, *, chat: bool, model: str, n: int, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        *,
+        chat: bool,
+        model: str,
+        n: int,
+        tokenizer: Tokenizer,
+        tool_calling: ToolCalling | None = None,
+    ) -> None:
         self.chat = chat
         self.model = model  # the model id that served the request
         self.n = n  # completions per prompt
@@ -62,6 +73,8 @@ class OpenAIFormat:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self._text_offsets: dict[int, int] = {}  # completions logprobs text_offset per choice
+        self.tool_calling = tool_calling  # tools offered: read completions for tool calls
+        self._tool_streams: dict[int, ToolCallStream] = {}  # per choice index
 
     def choice_index(self, stream_index: int, delta: CompletionDelta) -> int:
         return stream_index * self.n + delta.index
@@ -90,19 +103,37 @@ class OpenAIFormat:
         ]
         return self._chunk(choices)
 
-    def delta_chunk(self, stream_index: int, delta: CompletionDelta) -> dict[str, Any] | None:
-        """The chunk for one delta; None when it carries nothing (pending multi-byte text)."""
+    def delta_chunks(self, stream_index: int, delta: CompletionDelta) -> list[dict[str, Any]]:
+        """The chunks for one delta; none when it carries nothing (pending multi-byte text,
+        text held back while it may begin a tool call)."""
         finish = finish_reason_of(delta)
-        if not delta.text and finish is None and not delta.logprobs:
-            return None
         index = self.choice_index(stream_index, delta)
+        text, calls = delta.text, []
+        if self.tool_calling is not None and self.chat:
+            stream = self._tool_streams.setdefault(index, self.tool_calling.stream())
+            piece = stream.feed(delta.text)
+            if finish is not None:
+                piece = _joined(piece, stream.finish())
+                finish = self.tool_calling.finish_reason(finish, stream.called)
+            text, calls = piece.content, piece.tool_calls
+        if not text and finish is None and not delta.logprobs and not calls:
+            return []
         logprobs = self.logprobs_body(index, delta.logprobs) if delta.logprobs else None
-        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": None}
         if self.chat:
-            choice["delta"] = {"content": delta.text} if delta.text else {}
+            choice["delta"] = {"content": text} if text else {}
         else:
-            choice["text"] = delta.text
-        return self._chunk([choice])
+            choice["text"] = text
+        chunks = [self._chunk([choice])] if text or delta.logprobs or not calls else []
+        for call in calls:
+            call_choice = {"index": index, "delta": {"tool_calls": [call]}, "logprobs": None}
+            chunks.append(self._chunk([{**call_choice, "finish_reason": None}]))
+        if finish is not None and calls:  # as OpenAI: the reason comes alone, delta {}
+            end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}
+            chunks.append(self._chunk([end]))
+        elif finish is not None:
+            chunks[-1]["choices"][0]["finish_reason"] = finish
+        return chunks
 
     def usage_chunk(self, usage: dict[str, Any], timings: dict[str, Any]) -> dict[str, Any]:
         body = self._chunk([])
@@ -120,11 +151,16 @@ class OpenAIFormat:
             text = "".join(choice.text)
             logprobs = self.logprobs_body(index, choice.logprobs) if choice.logprobs else None
             entry: dict[str, Any] = {"index": index, "logprobs": logprobs}
-            if self.chat:
+            finish = choice.finish_reason
+            if self.chat and self.tool_calling is not None:
+                entry["message"] = self.tool_calling.message(text)
+                called = "tool_calls" in entry["message"]
+                finish = self.tool_calling.finish_reason(finish, called)
+            elif self.chat:
                 entry["message"] = {"role": "assistant", "content": text}
             else:
                 entry["text"] = text
-            entry["finish_reason"] = choice.finish_reason
+            entry["finish_reason"] = finish
             out.append(entry)
         return {
             "id": self.id,
@@ -172,3 +208,7 @@ class OpenAIFormat:
 
     def _token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _joined(first: StreamPiece, second: StreamPiece) -> StreamPiece:
+    return StreamPiece(first.content + second.content, first.tool_calls + second.tool_calls)

@@ -9,11 +9,18 @@ that depend on the server (n, n x max_tokens) are checked by api/limits.py.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from modelyard.api.structured import StructuredFields
+from modelyard.api.structured import RequestedConstraint, StructuredFields
+from modelyard.api.tools.definitions import (
+    AssistantToolCall,
+    ToolFields,
+    ToolOffer,
+    check_tool_messages,
+)
 from modelyard.engine.sampling_params import (
     INT32_MAX,
     INT64_MAX,
@@ -125,18 +132,35 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # role tool: the call this message answers
 
-    def as_template_message(self) -> dict[str, str]:
-        """{role, content} for the tokenizer's chat template (text parts joined)."""
+    def as_template_message(self) -> dict[str, Any]:
+        """{role, content[, tool_calls][, tool_call_id]} for the tokenizer's chat template (text
+        parts joined; call arguments decoded from JSON where they parse, as templates expect)."""
         if isinstance(self.content, list):
             text = "".join(part.text for part in self.content if part.type == "text")
         else:
             text = self.content or ""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": text}
+        message: dict[str, Any] = {"role": role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [_template_call(call) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
-class ChatCompletionRequest(SamplingFields):
+def _template_call(call: AssistantToolCall) -> dict[str, Any]:
+    try:
+        arguments: Any = json.loads(call.function.arguments)
+    except ValueError:
+        arguments = call.function.arguments
+    function = {"name": call.function.name, "arguments": arguments}
+    return {"id": call.id, "type": "function", "function": function}
+
+
+class ChatCompletionRequest(ToolFields, SamplingFields):
     """POST /v1/chat/completions."""
 
     model: str
@@ -148,6 +172,23 @@ class ChatCompletionRequest(SamplingFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     prefix_id: str | None = None  # a pinned prefix (POST /v1/prefixes) the prompt starts with
+
+    def checked_tool_offer(self) -> ToolOffer | None:
+        """The tools offered (api/tools/definitions.py), with the tool messages checked."""
+        check_tool_messages([(m.role, m.tool_calls, m.tool_call_id) for m in self.messages])
+        return self.tool_offer()
+
+    def requested_constraint(self) -> RequestedConstraint | None:
+        """The structured-output constraint, or the one forcing tool calls; not both."""
+        requested = super().requested_constraint()
+        offer = self.tool_offer()
+        forced = offer.constraint() if offer is not None else None
+        if forced is None:
+            return requested
+        if requested is not None:
+            message = f"forces a tool call, which conflicts with {requested.param}"
+            raise InvalidParamError("tool_choice", message)
+        return RequestedConstraint("tools", forced)
 
     def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from modelyard.build_tools import path_with_ninja
+from modelyard.engine.client.chat_template import render_chat
 from modelyard.engine.client.output_processor import (
     RequestState,
     check_prompt_length,
     load_tokenizer,
     prompt_ids,
-    render_chat,
 )
 from modelyard.engine.client.protocol import RequestOutput, Tokenizer
 from modelyard.engine.config import EngineConfig, LoRAConfig, SpeculativeConfig

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from modelyard.engine.client.prefixes import EnginePrefixes
 from modelyard.engine.client.protocol import (
+    ChatMessageDict,
     EngineCapabilities,
     LLMClient,
     MissingCapabilityError,
@@ -139,8 +140,10 @@ class AdapterClient:
     def pid(self) -> int | None:
         return self.base.pid
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.base.apply_chat_template(messages)
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessageDict], tools: Sequence[ChatMessageDict] | None = None
+    ) -> list[int]:
+        return self.base.apply_chat_template(messages, tools)
 
     def generate(
         self,

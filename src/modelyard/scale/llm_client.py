@@ -17,9 +17,15 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
-from modelyard.engine.client.output_processor import check_prompt_length, render_chat
+from modelyard.engine.client.chat_template import render_chat
+from modelyard.engine.client.output_processor import check_prompt_length
 from modelyard.engine.client.prefixes import EnginePrefixes, PrefixRegistry
-from modelyard.engine.client.protocol import EngineCapabilities, RequestOutput, Tokenizer
+from modelyard.engine.client.protocol import (
+    ChatMessageDict,
+    EngineCapabilities,
+    RequestOutput,
+    Tokenizer,
+)
 from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.scale.calls import CALL_CONTEXT, CallContext, reraise_local
@@ -31,7 +37,7 @@ class RayLLMClient:
     """`LLMClient` over an LLM deployment (see the module docstring): LoRA and pins, as local
     mode serves them."""
 
-    capabilities = EngineCapabilities(lora=True, pins=True)
+    capabilities = EngineCapabilities(lora=True, pins=True, tools=True)
 
     def __init__(self, handle: Any, info: LLMReplicaInfo) -> None:
         self._plain = handle
@@ -80,8 +86,10 @@ class RayLLMClient:
             self._prefixes = EnginePrefixes(transport, registry)
         return self._prefixes
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return render_chat(self.tokenizer, messages)
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessageDict], tools: Sequence[ChatMessageDict] | None = None
+    ) -> list[int]:
+        return render_chat(self.tokenizer, messages, tools)
 
     async def generate(
         self,

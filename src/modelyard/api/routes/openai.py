@@ -31,6 +31,9 @@ from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, Str
 from modelyard.api.routes.prefixes import resolve_named_prefix
 from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
 from modelyard.api.structured import check_constraint
+from modelyard.api.tools.definitions import ToolOffer
+from modelyard.api.tools.parsing import tool_calling
+from modelyard.engine.client.errors import MissingCapabilityError
 from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
 from modelyard.engine.sampling_params import SamplingParams
@@ -45,11 +48,15 @@ _INLINE_TEMPLATE_CHARS = 4096
 @router.post("/v1/chat/completions", response_model=None)
 @runs_model
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    offer = body.checked_tool_offer()
     params = body.to_sampling_params()
     await check_constraint(body.requested_constraint())
     messages = [m.as_template_message() for m in body.messages]
+    tools = offer.tools if offer is not None else None
 
     async def build(llm: LLMClient) -> list[Prompt]:
+        if tools and not llm.capabilities.tools:
+            raise MissingCapabilityError(llm.model_name, "tools")
         head: list[int] = []
         full = messages
         if body.prefix_id is not None:
@@ -58,8 +65,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 full = [*pinned.messages, *messages]
             else:
                 head = pinned.token_ids
-        if sum(len(m["content"]) for m in full) > _INLINE_TEMPLATE_CHARS:
-            return [head + await asyncio.to_thread(llm.apply_chat_template, full)]
+        if sum(len(m["content"]) for m in full) > _INLINE_TEMPLATE_CHARS or tools:
+            return [head + await asyncio.to_thread(llm.apply_chat_template, full, tools)]
         return [head + llm.apply_chat_template(full)]
 
     return await serve_openai(
@@ -71,6 +78,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         body.stream,
         body.stream_options,
         chat=True,
+        tools=offer,
     )
 
 
@@ -134,6 +142,7 @@ async def serve_openai(
     *,
     chat: bool,
     num_prompts: int = 1,
+    tools: ToolOffer | None = None,
 ) -> Response:
     """Run one OpenAI request to a JSON response or an SSE stream."""
     gen: Generation | None = None
@@ -143,8 +152,10 @@ async def serve_openai(
             gen = await open_generation(
                 request, model, build, params, priority=priority, num_prompts=num_prompts
             )
+            tokenizer = gen.llm.tokenizer
+            calling = tool_calling(tools, tokenizer) if tools is not None else None
             fmt = OpenAIFormat(
-                chat=chat, model=gen.model_id, n=params.n, tokenizer=gen.llm.tokenizer
+                chat=chat, model=gen.model_id, n=params.n, tokenizer=tokenizer, tool_calling=calling
             )
             if not stream:
                 choices = await collect_choices(gen, fmt)
@@ -193,8 +204,7 @@ async def stream_events(
             for delta in output.deltas:
                 if delta.finish_reason == FinishReason.ERROR:
                     raise request_failed(delta.error or "engine error")
-                chunk = fmt.delta_chunk(stream_index, delta)
-                if chunk is not None:
+                for chunk in fmt.delta_chunks(stream_index, delta):
                     yield sse_event(chunk)
         await gen.aclose()
         if include_usage:

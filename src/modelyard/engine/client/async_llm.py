@@ -24,6 +24,7 @@ import contextlib
 import gc
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from modelyard.engine.client.chat_template import render_chat
 from modelyard.engine.client.core_client import EngineCoreClient, QueueItem
 from modelyard.engine.client.output_processor import (
     RequestState,
@@ -32,10 +33,10 @@ from modelyard.engine.client.output_processor import (
     load_tokenizer,
     merge_outputs,
     prompt_ids,
-    render_chat,
 )
 from modelyard.engine.client.prefixes import EnginePrefixes, PrefixRegistry
 from modelyard.engine.client.protocol import (
+    ChatMessageDict,
     EngineCapabilities,
     EngineDeadError,
     EngineOverloadedError,
@@ -64,9 +65,11 @@ class AsyncLLM:
         capabilities: EngineCapabilities | None = None,
     ) -> None:
         """Wrap a ready client; `start` is the usual way in (it declares the capabilities the
-        engine config gives: LoRA, speculation; pins and structured output always)."""
+        engine config gives: LoRA, speculation; pins, structured output and tools always)."""
         admission = admission or AdmissionConfig()
-        self._capabilities = capabilities or EngineCapabilities(pins=True, structured_output=True)
+        self._capabilities = capabilities or EngineCapabilities(
+            pins=True, structured_output=True, tools=True
+        )
         self._client = client
         self._tokenizer = tokenizer
         self._model_name = model_name
@@ -112,6 +115,7 @@ class AsyncLLM:
                 pins=True,
                 speculation=config.speculative is not None,
                 structured_output=True,
+                tools=True,
             ),
         )
 
@@ -180,8 +184,10 @@ class AsyncLLM:
         """generate calls accepted but not yet scheduled by the engine."""
         return self._waiting_requests
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return render_chat(self._tokenizer, messages)
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessageDict], tools: Sequence[ChatMessageDict] | None = None
+    ) -> list[int]:
+        return render_chat(self._tokenizer, messages, tools)
 
     async def generate(
         self,

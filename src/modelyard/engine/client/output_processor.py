@@ -2,7 +2,7 @@
 ids; the server (`AsyncLLM`) and the offline `LLM` both wrap it with these steps:
 
 1. a prompt becomes token ids (`prompt_ids`; chat messages through the tokenizer's template,
-   `render_chat`), checked against the context (`check_prompt_length`);
+   `chat_template.render_chat`), checked against the context (`check_prompt_length`);
 2. fan-out: `n > 1` becomes n `EngineRequest`s `{request_id}-{i}` with the same prompt ids (the
    prefix cache shares their blocks) and seed + i when seeded; `n == 1` keeps the request id
    (`RequestState.engine_requests`);
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import msgspec
 
@@ -51,13 +51,6 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
     if not ids:
         raise ValueError("prompt must not be empty")
     return ids
-
-
-def render_chat(tokenizer: Tokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
-    """The tokenizer's chat template over `messages`, with the generation prompt, as ids."""
-    render = cast(Any, tokenizer).apply_chat_template
-    text = render(list(messages), tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(str(text), add_special_tokens=False)
 
 
 def check_token_ids(prompt_ids: list[int], params: SamplingParams, vocab_size: int | None) -> None:

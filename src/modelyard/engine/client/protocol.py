@@ -7,9 +7,9 @@ in-process fake with the same shape. Route handlers never see token-level wire m
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from modelyard.engine.client.errors import EngineDeadError as EngineDeadError
 from modelyard.engine.client.errors import EngineOverloadedError as EngineOverloadedError
@@ -71,6 +71,10 @@ class RequestOutput:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=0.0))
 
 
+#: A chat message or tool as the chat template reads it ({role, content, tool_calls, ...}).
+ChatMessageDict = Mapping[str, Any]
+
+
 class Tokenizer(Protocol):
     """The part of a Hugging Face tokenizer route handlers use."""
 
@@ -91,7 +95,7 @@ class EngineCapabilities:
     pins: bool = False  # pins prefixes in its KV cache (`prefixes`)
     speculation: bool = False  # speculative decoding is configured
     structured_output: bool = False  # output constraints (SamplingParams.constraint)
-    tools: bool = False  # tool calls (not served yet)
+    tools: bool = False  # renders `tools` into chat prompts (apply_chat_template(tools=...))
 
 
 class LLMClient(Protocol):
@@ -112,9 +116,12 @@ class LLMClient(Protocol):
     @property
     def tokenizer(self) -> Tokenizer: ...
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Render chat messages with the tokenizer's template, add the generation prompt,
-        return token ids."""
+    def apply_chat_template(
+        self, messages: Sequence[ChatMessageDict], tools: Sequence[ChatMessageDict] | None = None
+    ) -> list[int]:
+        """Render chat messages (and the offered `tools`, OpenAI tool dicts) with the
+        tokenizer's template, add the generation prompt, return token ids
+        (engine/client/chat_template.py)."""
         ...
 
     def generate(

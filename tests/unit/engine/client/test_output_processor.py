@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from tiny_tokenizer import build_tokenizer
 
+from modelyard.engine.client.chat_template import render_chat
 from modelyard.engine.client.output_processor import (
     RequestState,
     check_prompt_length,
     prompt_ids,
-    render_chat,
 )
 from modelyard.engine.client.protocol import PromptTooLongError
 from modelyard.engine.messages import EngineOutput, FinishReason
