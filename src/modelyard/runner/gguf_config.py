@@ -52,14 +52,15 @@ def config_values(file: GGUFFile) -> dict[str, Any]:
     """The config's fields (with model_type and architectures) read from the file's metadata."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
+    mappings: dict[str, dict[str, Any]] = GGUF_CONFIG_MAPPING  # type: ignore[assignment]
     arch = file.architecture
     if arch not in ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported: {file.path}")
     key, model_type, class_name = ARCHITECTURES[arch]
     values: dict[str, Any] = {"model_type": model_type, "architectures": [class_name]}
     sections: dict[str, dict[str, Any]] = {
-        arch: GGUF_CONFIG_MAPPING[key],
-        "tokenizer": GGUF_CONFIG_MAPPING["tokenizer"],
+        arch: mappings[key],
+        "tokenizer": mappings["tokenizer"],
     }
     for prefix, mapping in sections.items():
         for suffix, field in mapping.items():
