@@ -8,6 +8,7 @@ request sends is ever used as a path.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -40,3 +41,14 @@ def cache_dir(root: str) -> Path:
     path = Path(os.path.expanduser(root))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def has_chat_template(path: Path) -> bool:
+    """Whether the model at `path` (a .gguf file or a HF folder) comes with a chat template."""
+    if path.is_file():
+        from modelyard.runner.gguf_file import GGUFFile
+
+        return "tokenizer.chat_template" in GGUFFile(path).metadata
+    config = path / "tokenizer_config.json"
+    in_config = config.is_file() and "chat_template" in json.loads(config.read_text("utf-8"))
+    return in_config or (path / "chat_template.jinja").is_file()
