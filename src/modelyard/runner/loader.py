@@ -53,7 +53,7 @@ def resolve_model(source: str, cache_root: str) -> ResolvedModel:
     (into `cache_root`/gguf: a config's `cache_dir`)."""
     from transformers import AutoConfig
 
-    path = resolve_source(source)
+    path = resolve_source(source, cache_root)
     gguf: Path | None = None
     if path.is_file():
         if path.suffix != ".gguf":
