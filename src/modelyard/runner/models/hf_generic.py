@@ -45,7 +45,7 @@ class GenericModel:
         if source is None:
             self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         else:
-            self.model = _from_source(path, source, dtype)
+            self.model = model_from_source(path, source, dtype)
         self.model.eval()  # type: ignore[no-untyped-call]
         self._caches: dict[str, Any] = {}  # request id -> DynamicCache
         self._lengths: dict[str, int] = {}  # request id -> tokens held by its cache
@@ -95,7 +95,7 @@ class GenericModel:
         return logits
 
 
-def _from_source(path: Path, source: WeightSource, dtype: torch.dtype) -> Any:
+def model_from_source(path: Path, source: WeightSource, dtype: torch.dtype) -> Any:
     """The model of the config in `path` with the weights of `source` (ValueError when a
     weight is missing; a tied lm_head needs none)."""
     from transformers import AutoConfig, AutoModelForCausalLM
