@@ -39,7 +39,8 @@ class ModelConfig:
     gguf_blocks: Switch = "auto"
     """on: a model given as a GGUF file keeps the file's quantized blocks for its linear layers
     where a kernel reads their type (runner.gguf_weights); auto (the default): on when the
-    kernels are loaded and LoRA is off; off: the weights are dequantized to float."""
+    kernels are loaded, LoRA is off and MODELYARD_WEIGHTS is not int8; off: the weights are
+    dequantized to float."""
     cache_dir: str = setting(factory=cache_dir_from_environment)
     """Where a GGUF file's config and tokenizer go (under gguf/): by default MODELYARD_CACHE_DIR,
     else ~/.cache/modelyard, read when the config is built (modelyard.cache_dir)."""

@@ -115,7 +115,7 @@ class ModelRunner:
         self._generic: GenericModel | None = None
         with torch.inference_mode():
             if self.implementation == "native":
-                gguf = _gguf_source(self.resolved, model_config.gguf_blocks, lora)
+                gguf = _gguf_source(self.resolved, model_config.gguf_blocks, kernels, lora)
                 self._native = LlamaModel(
                     weight_source(self.resolved, use_blocks=gguf is not None),
                     config,
@@ -301,14 +301,17 @@ def _load_kernels(config: KernelConfig) -> None:
     kernels.load(config)
 
 
-def _gguf_source(resolved: ResolvedModel, switch: Switch, lora: LoRAConfig | None) -> Path | None:
+def _gguf_source(
+    resolved: ResolvedModel, switch: Switch, config: KernelConfig, lora: LoRAConfig | None
+) -> Path | None:
     """The GGUF file whose blocks the linear layers keep, if any: `gguf_blocks: on`, or `auto`
-    (the default) with the kernels loaded and no LoRA; `off` dequantizes the weights to float."""
+    (the default) with the kernels loaded, no LoRA and MODELYARD_WEIGHTS not int8; `off`
+    dequantizes the weights to float."""
     if switch == "off" or resolved.gguf is None:
         if switch == "on":
             log.warning("GGUF blocks asked for, but %s is not a GGUF file", resolved.source)
         return None
-    if switch == "auto" and (lora is not None or not kernels.loaded()):
+    if switch == "auto" and (lora is not None or config.weights == "int8" or not kernels.loaded()):
         return None
     return resolved.gguf
 
