@@ -63,7 +63,15 @@ def test_gemma3_config_has_what_transformers_mapping_leaves_out(tmp_path: Path) 
     assert config.rope_parameters["full_attention"]["rope_theta"] == 10_000.0  # the file's
 
 
-@pytest.mark.parametrize("key", ["llama", "gemma3"])
+def test_gemma2_layers_alternate_sliding_and_global(tmp_path: Path) -> None:
+    spec = SPECS["gemma2"]
+    path = write(spec, gguf_tensors(spec, checkpoint(spec)), tmp_path / "g2.gguf", {})
+    config = gguf_config(GGUFFile(path))
+    assert config.layer_types == ["sliding_attention", "full_attention"]
+    assert (config.sliding_window, config.query_pre_attn_scalar) == (16, 8)
+
+
+@pytest.mark.parametrize("key", ["llama", "gemma2", "gemma3"])
 def test_tensors_equal_transformers_gguf_loader(key: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint

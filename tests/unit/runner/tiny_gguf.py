@@ -94,6 +94,13 @@ SPECS = {
         },
         False,
     ),
+    "gemma2": Spec(
+        "gemma2",
+        {"model_type": "gemma2", **BASE, "sliding_window": 16},
+        NORMS | GEMMA_NORMS | _attn() | MLP,
+        {},
+        True,
+    ),
     "gemma3": Spec(
         "gemma3",
         {"model_type": "gemma3_text", **BASE, "sliding_window": 16, "num_hidden_layers": 6},
