@@ -97,13 +97,15 @@ class GenericModel:
 
 def model_from_source(path: Path, source: WeightSource, dtype: torch.dtype) -> Any:
     """The model of the config in `path` with the weights of `source` (ValueError when a
-    weight is missing; a tied lm_head needs none)."""
+    weight is missing, a tied lm_head needs none, or the source has one the model lacks)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     state = {name: source.tensor(name).to(dtype) for name in source.names()}
-    missing, _ = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ValueError(f"weights of {path}'s source the model lacks: {unexpected[:5]}")
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
         missing = [m for m in missing if m != "lm_head.weight"]
