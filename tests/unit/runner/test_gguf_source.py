@@ -142,3 +142,24 @@ def test_header_reader_agrees_with_gguf_reader(tmp_path: Path) -> None:
     for key, field in theirs.fields.items():
         if not key.startswith("GGUF."):
             assert ours.metadata[key] == pytest.approx(field.contents()), key
+
+
+def test_generic_model_from_a_gguf_source_is_the_checkpoints_model(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from modelyard.runner.models.hf_generic import model_from_source
+
+    spec = SPECS["qwen3"]
+    state = checkpoint(spec)
+    path = write(spec, gguf_tensors(spec, state), tmp_path / "q.gguf", {})
+    config = gguf_config(GGUFFile(path))
+    config.save_pretrained(tmp_path / "folder")
+    ours = model_from_source(
+        tmp_path / "folder", GGUFSource(path, config, use_blocks=False), torch.float32
+    )
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    reference.load_state_dict(state, strict=False)
+    reference.tie_weights()
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.inference_mode():
+        assert torch.equal(ours(ids).logits, reference(ids).logits)
