@@ -127,6 +127,10 @@ class ModelyardConfig:
     ray: RayConfig = setting(factory=RayConfig)
     agent: AgentServerConfig = setting(factory=AgentServerConfig)
     catalog: str | None = None  # catalog file; None: the embedded default catalog
+    # one LLM served without a catalog (`modelyard serve PATH`): a HF folder or a .gguf file;
+    # its id is `served_model_name`, else the file or folder's stem (manager.catalog)
+    model: str | None = None
+    served_model_name: str | None = None
 
 
 def config_from_mapping(data: Mapping[str, Any]) -> ModelyardConfig:

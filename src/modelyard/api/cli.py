@@ -22,6 +22,17 @@ from modelyard.config import EngineDefaults, ModelyardConfig, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model_path",
+        nargs="?",
+        default=None,
+        metavar="PATH_OR_GGUF",
+        help="serve this one LLM (a HF folder or a .gguf file) instead of a catalog",
+    )
+    parser.add_argument("--model", default=None, help="the same as PATH_OR_GGUF")
+    parser.add_argument(
+        "--served-model-name", default=None, help="the id of that model (default: its stem)"
+    )
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
     parser.add_argument("--catalog", default=None, help="catalog YAML (default: embedded)")
@@ -77,14 +88,53 @@ def config_from_args(args: argparse.Namespace) -> ModelyardConfig:
         config.engine, **{k: v for k, v in overrides.items() if v is not None}
     )
     catalog = args.catalog if args.catalog is not None else config.catalog
-    return dataclasses.replace(config, server=server, engine=engine, catalog=catalog)
+    model, name = _single_model(args, config)
+    if model is not None and catalog is not None:
+        raise ValueError("give either a model path or a catalog, not both")
+    return dataclasses.replace(
+        config, server=server, engine=engine, catalog=catalog, model=model, served_model_name=name
+    )
 
 
-def build_catalog(path: str | None, engine: EngineDefaults, *, preload: bool) -> Any:
-    """The catalog with engine overrides applied to every LLM (and preload cleared if asked)."""
-    from modelyard.manager.catalog import serving_catalog
+def _single_model(
+    args: argparse.Namespace, config: ModelyardConfig
+) -> tuple[str | None, str | None]:
+    """The model path of the command line (PATH_OR_GGUF or --model) or the file, and its name."""
+    given = [m for m in (getattr(args, "model_path", None), getattr(args, "model", None)) if m]
+    if len(set(given)) > 1:
+        raise ValueError(f"two model paths given: {given[0]} and {given[1]}")
+    model = given[0] if given else config.model
+    name = getattr(args, "served_model_name", None) or config.served_model_name
+    return model, name
 
+
+def build_catalog(
+    path: str | None,
+    engine: EngineDefaults,
+    *,
+    preload: bool,
+    model: str | None = None,
+    served_model_name: str | None = None,
+) -> Any:
+    """The catalog with engine overrides applied to every LLM (and preload cleared if asked);
+    with `model`, a catalog of that one LLM (manager.catalog.single_model_catalog)."""
+    from modelyard.manager.catalog import serving_catalog, single_model_catalog
+
+    if model is not None:
+        return single_model_catalog(
+            model, engine.overrides(), name=served_model_name, preload=preload
+        )
     return serving_catalog(path, engine.overrides(), preload=preload)
+
+
+def _catalog_of(config: ModelyardConfig, *, preload: bool) -> Any:
+    return build_catalog(
+        config.catalog,
+        config.engine,
+        preload=preload,
+        model=config.model,
+        served_model_name=config.served_model_name,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +154,7 @@ def _serve_on_ray(config: ModelyardConfig, args: argparse.Namespace) -> int:
         from modelyard.scale.ray_serve import serve_on_ray
     except ImportError as exc:
         raise ValueError(f"--ray needs Ray Serve: pip install 'modelyard[ray]' ({exc})") from exc
-    catalog = build_catalog(config.catalog, config.engine, preload=args.preload)
+    catalog = _catalog_of(config, preload=args.preload)
     return serve_on_ray(config, catalog, address=args.address)
 
 
@@ -128,7 +178,7 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
     from modelyard.observability.logging import configure_logging
 
     configure_logging()  # JSON lines (text on a terminal), incl. one access-log line per request
-    catalog = build_catalog(config.catalog, config.engine, preload=preload)
+    catalog = _catalog_of(config, preload=preload)
     manager = Manager(catalog, config.manager)
     wanted = [spec.id for spec in catalog if spec.preload or spec.pin]
 
@@ -161,7 +211,7 @@ def serve(config: ModelyardConfig, *, preload: bool = True, log_level: str = "in
         timeout_graceful_shutdown=int(server.drain_timeout_s) or None,
         lifespan="on",
     )
-    _print_banner(console, config, wanted)
+    _print_banner(console, config, [spec.id for spec in catalog] if config.model else wanted)
     uvicorn_server = uvicorn.Server(uv_config)
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the previous handler; a
     # no-op handler there makes a drained shutdown exit 0 instead of dying by the signal.
@@ -193,7 +243,7 @@ def _drained(signum: int, frame: object) -> None:
 
 def _print_banner(console: Any, config: ModelyardConfig, wanted: list[str]) -> None:
     url = f"http://{config.server.host}:{config.server.port}"
-    model = config.server.textbook.model
+    model = config.server.textbook.model if config.model is None else wanted[0]
     console.print(f"[bold]modelyard[/] serving on [cyan]{url}[/] (ready: {url}/ready)")
     console.print("example:")
     console.print(

@@ -37,11 +37,12 @@ class ModelConfig:
     num_threads: int | None = setting(None, ge=1)
     """torch intra-op threads in the worker; None keeps torch's default (all cores)."""
     gguf_blocks: Switch = "auto"
-    """on: a model given as a GGUF file keeps the file's Q4_1 / Q8_0 blocks for its linear
-    layers instead of its float32 conversion's weights (runner.gguf_weights); auto: as
-    MODELYARD_WEIGHTS says (gguf: on)."""
+    """on: a model given as a GGUF file keeps the file's quantized blocks for its linear layers
+    where a kernel reads their type (runner.gguf_weights); auto (the default): on when the
+    kernels are loaded, LoRA is off and MODELYARD_WEIGHTS is not int8; off: the weights are
+    dequantized to float."""
     cache_dir: str = setting(factory=cache_dir_from_environment)
-    """Where a GGUF file's conversion goes (under converted/): by default MODELYARD_CACHE_DIR,
+    """Where a GGUF file's config and tokenizer go (under gguf/): by default MODELYARD_CACHE_DIR,
     else ~/.cache/modelyard, read when the config is built (modelyard.cache_dir)."""
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ import yaml
 from modelyard.config_parse import ConfigError, from_mapping
 from modelyard.manager.base import ModelNotFoundError
 from modelyard.model_spec import ModelKind, ModelSpec
+from modelyard.sources import has_chat_template, resolve_source
 
 DEFAULT_CATALOG_PATH = Path(__file__).with_name("default_catalog.yaml")
 
@@ -154,3 +155,21 @@ def serving_catalog(path: str | None, overrides: Mapping[str, Any], *, preload: 
             changes["preload"] = False
         specs.append(dataclasses.replace(spec, **changes) if changes else spec)
     return Catalog(specs)
+
+
+def single_model_catalog(
+    source: str, overrides: Mapping[str, Any], *, name: str | None, preload: bool
+) -> Catalog:
+    """A catalog of one LLM (`modelyard serve PATH`): id `name`, else the source's stem; kind
+    chat when its tokenizer has a chat template, else completion; engine `overrides` applied.
+    The path comes from the operator's command line: requests name the model by id only."""
+    path = resolve_source(source)
+    entry = {
+        "id": name or path.stem,
+        "kind": ModelKind.CHAT if has_chat_template(path) else ModelKind.COMPLETION,
+        "backend": "llm",
+        "source": str(path.resolve()),
+        "preload": preload,
+        "options": dict(overrides),
+    }
+    return Catalog([spec_from_dict(entry, "model")])

@@ -44,7 +44,7 @@ from modelyard.engine.messages import LoRARequest, SchedulerStats
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.kernel_config import KernelConfig
-from modelyard.runner.loader import ResolvedModel, resolve_model
+from modelyard.runner.loader import ResolvedModel, resolve_model, weight_source
 from modelyard.runner.models.hf_generic import GenericModel
 from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.sampler import Sampler
@@ -120,8 +120,9 @@ class ModelRunner:
         self._generic: GenericModel | None = None
         with torch.inference_mode():
             if self.implementation == "native":
+                gguf = _gguf_source(self.resolved, model_config.gguf_blocks, kernels, lora)
                 self._native = LlamaModel(
-                    self.resolved.path,
+                    weight_source(self.resolved, use_blocks=gguf is not None),
                     config,
                     dtype=self.dtype,
                     num_blocks=self._num_blocks,
@@ -129,11 +130,16 @@ class ModelRunner:
                     max_model_len=self._max_model_len,
                     kernel_config=kernels,
                     lora=lora,
-                    gguf=_gguf_source(self.resolved, model_config.gguf_blocks, kernels),
+                    gguf=gguf,
                 )
             else:
                 self._generic = GenericModel(
-                    self.resolved.path, self.resolved.architecture, self.dtype
+                    self.resolved.path,
+                    self.resolved.architecture,
+                    self.dtype,
+                    None
+                    if self.resolved.gguf is None
+                    else weight_source(self.resolved, use_blocks=False),
                 )
         self.sampler = Sampler(self._eos_token_ids)
         self.structured = StructuredOutputs(
@@ -312,16 +318,19 @@ def _load_kernels(config: KernelConfig) -> None:
     kernels.load(config)
 
 
-def _gguf_source(resolved: ResolvedModel, switch: Switch, kernels: KernelConfig) -> Path | None:
-    """The GGUF file whose blocks the linear layers keep (`gguf_blocks: on`, or `auto` with
-    MODELYARD_WEIGHTS=gguf), if any."""
-    if switch == "off" or (switch == "auto" and kernels.weights != "gguf"):
+def _gguf_source(
+    resolved: ResolvedModel, switch: Switch, config: KernelConfig, lora: LoRAConfig | None
+) -> Path | None:
+    """The GGUF file whose blocks the linear layers keep, if any: `gguf_blocks: on`, or `auto`
+    (the default) with the kernels loaded, no LoRA and MODELYARD_WEIGHTS not int8; `off`
+    dequantizes the weights to float."""
+    if switch == "off" or resolved.gguf is None:
+        if switch == "on":
+            log.warning("GGUF blocks asked for, but %s is not a GGUF file", resolved.source)
         return None
-    if resolved.converted_from is None:
-        log.warning(
-            "GGUF blocks asked for, but %s is not a GGUF file: weights stay float", resolved.path
-        )
-    return resolved.converted_from
+    if switch == "auto" and (lora is not None or config.weights == "int8" or not kernels.loaded()):
+        return None
+    return resolved.gguf
 
 
 def _max_model_len(config: object, requested: int | None) -> int:

@@ -129,9 +129,10 @@ def test_pin_expires_after_its_ttl(http: httpx.Client) -> None:
 def test_greedy_output_with_the_pin_matches_transformers(http: httpx.Client) -> None:
     """The pinned KV (computed by the pin's own prefill) gives transformers' greedy tokens."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from modelyard.runner.loader import resolve_model
+    from modelyard.runner.loader import resolve_model, weight_source
+    from modelyard.runner.models.hf_generic import model_from_source
 
     knowledge = knowledge_text("g")
     pin = http.post("/v1/prefixes", json={"model": MODEL, "text": knowledge}).json()
@@ -141,7 +142,9 @@ def test_greedy_output_with_the_pin_matches_transformers(http: httpx.Client) -> 
     http.delete(f"/v1/prefixes/{pin['id']}")
     resolved = resolve_model(SOURCE, CACHE_DIR)
     tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_path)
-    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
+    model = model_from_source(
+        resolved.path, weight_source(resolved, use_blocks=False), torch.float32
+    )
     ids = tokenizer.encode(knowledge) + tokenizer.encode(question, add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)

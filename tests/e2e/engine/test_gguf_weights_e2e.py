@@ -1,7 +1,7 @@
-"""GGUF blocks through HTTP: a real server whose catalog says `gguf_blocks: on` keeps the
-packaged GGUF file's Q4_1 / Q8_0 blocks and answers greedy chat requests (plain and streamed)
-with the same text as the session's float32 server, which serves the same model from its
-float32 conversion."""
+"""GGUF blocks through HTTP: the session's server (`gguf_blocks: auto`, on with the kernels)
+keeps the packaged GGUF file's Q4_1 / Q8_0 blocks and answers greedy chat requests (plain and
+streamed) with the same text as a server whose catalog says `gguf_blocks: off`, which serves the
+same model dequantized to float32."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about rain."]
 @pytest.fixture(scope="module")
 def gguf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("gguf-e2e")
-    running = start_server(tmp, catalog_yaml=CATALOG + "      gguf_blocks: on\n")
+    running = start_server(tmp, catalog_yaml=CATALOG + "      gguf_blocks: off\n")
     try:
         yield running
     finally:
@@ -52,11 +52,12 @@ def answer(server: ServerProcess, question: str, stream: bool) -> str:
 def test_gguf_blocks_answer_as_the_float32_model(
     server: ServerProcess, gguf_server: ServerProcess
 ) -> None:
-    assert "linear layers on the quantized blocks of" in gguf_server.log()
-    assert "linear layers on the quantized blocks of" not in server.log()
+    float_server, blocks_server = gguf_server, server  # the module's server: gguf_blocks off
+    assert "linear layers on the quantized blocks of" in blocks_server.log()
+    assert "linear layers on the quantized blocks of" not in float_server.log()
     for question in QUESTIONS:
-        want = answer(server, question, stream=False)
+        want = answer(float_server, question, stream=False)
         assert want
-        assert answer(gguf_server, question, stream=False) == want
-        assert answer(gguf_server, question, stream=True) == want
-    assert "Paris" in answer(gguf_server, QUESTIONS[0], stream=False)
+        assert answer(blocks_server, question, stream=False) == want
+        assert answer(blocks_server, question, stream=True) == want
+    assert "Paris" in answer(blocks_server, QUESTIONS[0], stream=False)

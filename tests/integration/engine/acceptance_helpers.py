@@ -145,8 +145,13 @@ class HFReference:
     (used for the 135M model, whose per-token generate steps dominate the test time).
     """
 
-    def __init__(self, folder: str | Path, *, teacher_forced: bool = False) -> None:
+    def __init__(
+        self, folder: str | Path, *, teacher_forced: bool = False, source: Any = None
+    ) -> None:
+        """`source`: the weights (a runner.weights.WeightSource) when the folder has none (a
+        GGUF model's config + tokenizer folder)."""
         self.folder = Path(folder)
+        self.source = source
         self.teacher_forced = teacher_forced
         self._models: dict[str, Any] = {}
         self._memo: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
@@ -155,7 +160,14 @@ class HFReference:
         if dtype not in self._models:
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=getattr(torch, dtype))
+            from modelyard.runner.models.hf_generic import model_from_source
+
+            if self.source is None:
+                model = AutoModelForCausalLM.from_pretrained(
+                    self.folder, dtype=getattr(torch, dtype)
+                )
+            else:
+                model = model_from_source(self.folder, self.source, getattr(torch, dtype))
             model.eval()
             self._models[dtype] = model
         return self._models[dtype]

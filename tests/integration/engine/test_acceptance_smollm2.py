@@ -1,7 +1,7 @@
-"""Issue 2 acceptance on the default model, SmolLM2-135M-Instruct (Q4_1 GGUF, converted once
-and cached in ~/.cache/modelyard), through the whole engine (scheduler + KV cache + native
-paged runner, in this process): greedy tokens equal transformers `generate` on the converted
-folder, one prompt at a time (teacher-forced: see HFReference; `generate` itself for the
+"""Issue 2 acceptance on the default model, SmolLM2-135M-Instruct (Q4_1 GGUF, read in place),
+through the whole engine (scheduler + KV cache + native paged runner, in this process): greedy
+tokens equal transformers `generate` on the file's weights dequantized, one prompt at a time
+(teacher-forced: see HFReference; `generate` itself for the
 batch of one and for bfloat16), in float32 for a batch of 1 and of 32 mixed-length prompts,
 with prefix caching, chunked prefill and forced preemption; a bfloat16 smoke run of a batch."""
 
@@ -29,7 +29,7 @@ from acceptance_helpers import (
 
 from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.runner import bf16_widen
-from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+from modelyard.runner.loader import DEFAULT_MODEL, resolve_model, weight_source
 from modelyard.runner.model_runner import ModelRunner
 
 CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
@@ -87,7 +87,8 @@ def runner() -> ModelRunner:
 
 @pytest.fixture(scope="module")
 def ref(runner: ModelRunner) -> HFReference:
-    return HFReference(runner.model_path, teacher_forced=True)
+    source = weight_source(runner.resolved, use_blocks=False)  # the GGUF dequantized
+    return HFReference(runner.model_path, teacher_forced=True, source=source)
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, dequantize_gguf
-from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
-from modelyard.runner.models.llama import LlamaModel, _load_state
+from modelyard.runner.loader import DEFAULT_MODEL, resolve_model, weight_source
+from modelyard.runner.models.llama import LlamaModel
 
 CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
@@ -50,22 +50,24 @@ CHUNK = 48  # rows per forward: within the kernel's decode row counts
 @pytest.fixture(scope="module")
 def models() -> dict[str, LlamaModel]:
     resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
-    assert resolved.converted_from is not None
+    assert resolved.gguf is not None
 
     def load(gguf: Path | None) -> LlamaModel:
         return LlamaModel(
-            resolved.path, resolved.config, dtype=torch.float32, num_blocks=64,
+            weight_source(resolved, use_blocks=False), resolved.config, dtype=torch.float32,
+            num_blocks=64,
             block_size=BLOCK, max_model_len=1024, gguf=gguf, kernel_config=KERNELS,
         )  # fmt: skip
 
-    return {"float32": load(None), "gguf": load(resolved.converted_from)}
+    return {"float32": load(None), "gguf": load(resolved.gguf)}
 
 
 def test_the_file_blocks_are_the_converted_weights() -> None:
     resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
-    assert resolved.converted_from is not None
-    blocks = GGUFWeights(resolved.converted_from, resolved.config)
-    state = _load_state(resolved.path)
+    assert resolved.gguf is not None
+    blocks = GGUFWeights(resolved.gguf, resolved.config)
+    source = weight_source(resolved, use_blocks=False)
+    state = {n: source.tensor(n) for n in source.names()}
     names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
     names += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
     for index in range(resolved.config.num_hidden_layers):

@@ -22,7 +22,7 @@ from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
-from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+from modelyard.runner.loader import DEFAULT_MODEL, resolve_model, weight_source
 from modelyard.runner.models.llama import LlamaModel
 
 CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
@@ -55,7 +55,8 @@ def load(weights: str) -> LlamaModel:
     resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
     config = dataclasses.replace(KERNELS, weights=weights)  # type: ignore[arg-type]
     return LlamaModel(
-        resolved.path, resolved.config, dtype=torch.float32, num_blocks=64,
+        weight_source(resolved, use_blocks=False), resolved.config, dtype=torch.float32,
+        num_blocks=64,
         block_size=BLOCK, max_model_len=1024, kernel_config=config,
     )  # fmt: skip
 

@@ -1,5 +1,6 @@
-"""The real default model (SmolLM2-135M-Instruct Q4_1 GGUF): conversion is cached, and greedy
-chat through ModelRunner equals transformers generate on the converted folder."""
+"""The real default model (SmolLM2-135M-Instruct Q4_1 GGUF): its config and tokenizer folder is
+cached (no weights in it), and greedy chat through ModelRunner equals transformers generate on
+the file's weights dequantized (GGUFSource)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from modelyard.engine.config import CacheConfig, ModelConfig, kernels_from_envir
 from modelyard.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from modelyard.engine.sampling_params import SamplingParams
 from modelyard.runner import loader
-from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+from modelyard.runner.loader import DEFAULT_MODEL, resolve_model, weight_source
 from modelyard.runner.model_runner import ModelRunner
+from modelyard.runner.models.hf_generic import model_from_source
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
@@ -26,8 +28,8 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # <cache_dir>/converted, as resolve_model lays it out (ModelConfig.cache_dir)
-    return tmp_path_factory.mktemp("cache") / "converted"
+    # <cache_dir>/gguf, as resolve_model lays it out (ModelConfig.cache_dir)
+    return tmp_path_factory.mktemp("cache") / "gguf"
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +41,14 @@ def test_conversion_is_cached(
     converted: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert (converted / "config.json").is_file()
-    assert list(converted.glob("*.safetensors"))
+    assert not list(converted.glob("*.safetensors"))  # the weights stay in the GGUF file
+    assert (converted / "tokenizer.json").is_file()
     assert "quantization_config" not in (converted / "config.json").read_text()
 
     def no_reconvert(*_: object) -> None:
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(loader, "_write_conversion", no_reconvert)
+    monkeypatch.setattr(loader, "_write_folder", no_reconvert)
     t0 = time.perf_counter()
     again = resolve_model(DEFAULT_MODEL, str(cache_dir.parent))
     assert time.perf_counter() - t0 < 3.0
@@ -81,7 +84,7 @@ def _greedy(runner: ModelRunner, prompt: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_chat_matches_generate(converted: Path, cache_dir: Path, dtype: str) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     runner = ModelRunner(
         ModelConfig(model=DEFAULT_MODEL, dtype=dtype, cache_dir=str(cache_dir.parent)),  # type: ignore[arg-type]
@@ -93,7 +96,9 @@ def test_greedy_chat_matches_generate(converted: Path, cache_dir: Path, dtype: s
     prompt = _chat_ids(Path(runner.tokenizer_path))
     ours = _greedy(runner, prompt)
 
-    model = AutoModelForCausalLM.from_pretrained(converted, dtype=getattr(torch, dtype))
+    resolved = resolve_model(DEFAULT_MODEL, str(cache_dir.parent))
+    source = weight_source(resolved, use_blocks=False)
+    model = model_from_source(converted, source, getattr(torch, dtype))
     ids = torch.tensor([prompt])
     ref = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False

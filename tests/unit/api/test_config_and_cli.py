@@ -102,3 +102,42 @@ def test_lora_root_from_the_file_and_the_command_line(tmp_path: Path) -> None:
     path.write_text("server: {lora_root: ''}\n")
     with pytest.raises(ValueError, match=r"server\.lora_root"):
         load_config(path)
+
+
+def _gguf(path: Path, template: str | None) -> Path:
+    """A header-only GGUF file (one tiny tensor), with or without a chat template."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    if template is not None:
+        writer.add_chat_template(template)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_serve_one_gguf_file_without_a_catalog(tmp_path: Path) -> None:
+    path = _gguf(tmp_path / "tiny-base.gguf", None)
+    config = cli.config_from_args(_args(str(path), "--max-num-seqs", "2"))
+    assert config.model == str(path)
+    catalog = cli.build_catalog(config.catalog, config.engine, preload=True, model=config.model)
+    (spec,) = list(catalog)
+    assert (spec.id, spec.kind, spec.backend) == ("tiny-base", "completion", "llm")
+    assert spec.source == str(path.resolve())
+    assert spec.preload
+    assert spec.options["max_num_seqs"] == 2
+
+
+def test_served_model_name_and_chat_template(tmp_path: Path) -> None:
+    path = _gguf(tmp_path / "tiny-it.gguf", "{{ messages[0]['content'] }}")
+    config = cli.config_from_args(_args("--model", str(path), "--served-model-name", "mine"))
+    catalog = cli.build_catalog(
+        None, config.engine, preload=False, model=config.model, served_model_name="mine"
+    )
+    assert catalog.resolve("mine").kind == "chat"
+    with pytest.raises(ValueError, match="not both"):
+        cli.config_from_args(_args(str(path), "--catalog", "models.yaml"))

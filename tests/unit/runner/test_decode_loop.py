@@ -15,6 +15,7 @@ from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.decode_loop import GEMM_KINDS, DecodeLoop
 from modelyard.runner.models import llama
 from modelyard.runner.spec_decode.draft import self_draft_model
+from modelyard.runner.weights import SafetensorsSource
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
@@ -31,7 +32,7 @@ def _model(folder: Path, dtype: torch.dtype) -> llama.LlamaModel:
 
     config = AutoConfig.from_pretrained(folder)
     return llama.LlamaModel(
-        folder,
+        SafetensorsSource(folder),
         config,
         dtype=dtype,
         num_blocks=12,

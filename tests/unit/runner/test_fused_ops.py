@@ -14,6 +14,7 @@ from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.models import llama
+from modelyard.runner.weights import SafetensorsSource
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
@@ -201,7 +202,7 @@ def test_fused_forward_matches_the_torch_forward(
     models = []
     for fused in (True, False):
         model = llama.LlamaModel(
-            tiny_models[name], config, dtype=dtype, num_blocks=8, block_size=4,
+            SafetensorsSource(tiny_models[name]), config, dtype=dtype, num_blocks=8, block_size=4,
             max_model_len=64, kernel_config=KERNELS,
         )  # fmt: skip
         model.fused = fused

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from modelyard.config_parse import ConfigError
-from modelyard.engine.config import EngineConfig, kernels_from_environment
+from modelyard.engine.config import EngineConfig, LoRAConfig, kernels_from_environment
 from modelyard.runner import kernels, model_runner
 from modelyard.runner.gguf_weights import (
     DECODE_ROWS,
@@ -113,7 +113,7 @@ def test_a_wrong_kind_or_shape_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("env", "switch", "used"),
-    [("", "auto", False), ("gguf", "auto", True), ("", "on", True), ("gguf", "off", False)],
+    [("", "auto", True), ("int8", "auto", False), ("int8", "on", True), ("gguf", "off", False)],
 )
 def test_the_catalog_switch_and_the_environment_choose_the_blocks(
     env: str, switch: str, used: bool
@@ -122,9 +122,14 @@ def test_the_catalog_switch_and_the_environment_choose_the_blocks(
     gguf = ResolvedModel(
         "m.gguf", Path("folder"), "LlamaForCausalLM", None, Path("t"), Path("m.gguf")
     )
-    assert model_runner._gguf_source(gguf, switch, config) == (Path("m.gguf") if used else None)
+    expected = Path("m.gguf") if used else None
+    assert model_runner._gguf_source(gguf, switch, config, None) == expected
+    lora = LoRAConfig()
+    assert model_runner._gguf_source(gguf, switch, config, lora) == (
+        expected if switch == "on" else None
+    )
     folder = ResolvedModel("folder", Path("folder"), "LlamaForCausalLM", None, Path("t"), None)
-    assert model_runner._gguf_source(folder, switch, config) is None
+    assert model_runner._gguf_source(folder, switch, config, None) is None
 
 
 def test_gguf_blocks_is_a_checked_engine_option() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from modelyard.engine.core.scheduler_output import ScheduledRequest
+from modelyard.runner.weights import WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,15 @@ log = logging.getLogger(__name__)
 class GenericModel:
     """Wraps one AutoModelForCausalLM with per-request HF caches."""
 
-    def __init__(self, path: Path, architecture: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        path: Path,
+        architecture: str,
+        dtype: torch.dtype,
+        source: WeightSource | None = None,
+    ) -> None:
+        """`path`: the HF folder; `source`: its weights when the folder holds none (a GGUF
+        model: runner.loader)."""
         from transformers import AutoModelForCausalLM
 
         log.warning(
@@ -33,7 +42,10 @@ class GenericModel:
             "(per-request caches, no batching; correct but slower than native)",
             architecture,
         )
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if source is None:
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        else:
+            self.model = model_from_source(path, source, dtype)
         self.model.eval()  # type: ignore[no-untyped-call]
         self._caches: dict[str, Any] = {}  # request id -> DynamicCache
         self._lengths: dict[str, int] = {}  # request id -> tokens held by its cache
@@ -81,3 +93,22 @@ class GenericModel:
         self._lengths[rid] = start + len(tokens)
         logits: torch.Tensor = out.logits[0, -1].float()  # (V,)
         return logits
+
+
+def model_from_source(path: Path, source: WeightSource, dtype: torch.dtype) -> Any:
+    """The model of the config in `path` with the weights of `source` (ValueError when a
+    weight is missing, a tied lm_head needs none, or the source has one the model lacks)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    state = {name: source.tensor(name).to(dtype) for name in source.names()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ValueError(f"weights of {path}'s source the model lacks: {unexpected[:5]}")
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+        missing = [m for m in missing if m != "lm_head.weight"]
+    if missing:
+        raise ValueError(f"weights missing from {path}'s source: {missing[:5]}")
+    return model

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from modelyard.engine.config import LoRAConfig
 from modelyard.runner import kernels
@@ -34,6 +33,7 @@ from modelyard.runner.linear import Linear, SwiGLU, packing_available
 from modelyard.runner.lora.adapter import BaseShapes
 from modelyard.runner.lora.hooks import LoRAGatedMLP, LoRAProjection
 from modelyard.runner.lora.manager import LoRAManager
+from modelyard.runner.weights import WeightSource
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class LlamaModel:
 
     def __init__(
         self,
-        path: Path,
+        source: WeightSource,
         config: Any,
         *,
         dtype: torch.dtype,
@@ -84,10 +84,10 @@ class LlamaModel:
         lora: LoRAConfig | None = None,
         gguf: Path | None = None,
     ) -> None:
-        """`kernel_config`: the runner's kernel switches (packing, KV layout, attention, decode
-        loop), its kernels loaded (`kernels.load`); `gguf`: the GGUF file `path` was converted
-        from, to keep its quantized blocks for the linear layers (runner.gguf_weights; not with
-        LoRA)."""
+        """`source`: the weights by HF name (runner.weights); `kernel_config`: the runner's
+        kernel switches (packing, KV layout, attention, decode loop), its kernels loaded
+        (`kernels.load`); `gguf`: the GGUF file `source` reads, to keep its quantized blocks
+        for the linear layers (runner.gguf_weights; not with LoRA)."""
         self.config = config
         self.dtype = dtype
         self.kernel_config = kernel_config
@@ -102,7 +102,7 @@ class LlamaModel:
         self.scale = self.head_dim**-0.5
         self.block_size = block_size
         self.sliding_window: int | None = _sliding_window(config)
-        state = _load_state(path)
+        state = {n: source.tensor(n) for n in source.names()}
         self.embed = state["model.embed_tokens.weight"].to(dtype)  # (V, H)
         self.norm = state["model.norm.weight"].to(dtype)  # (H,)
         head = state.get("lm_head.weight")
@@ -298,16 +298,6 @@ def _rotary_tables(
     sin = (emb.sin() * attention_scaling).to(dtype)
     sin[:, : head_dim // 2].neg_()
     return (emb.cos() * attention_scaling).to(dtype), sin
-
-
-def _load_state(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors files in {path}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
 
 
 def _gguf_blocks(gguf: Path | None, config: Any, lora: LoRAManager | None) -> GGUFWeights | None:

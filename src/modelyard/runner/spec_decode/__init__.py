@@ -15,7 +15,7 @@ import torch
 
 from modelyard.engine.config import SpeculativeConfig
 from modelyard.engine.core.scheduler_output import ScheduledRequest
-from modelyard.runner.loader import ResolvedModel, resolve_model
+from modelyard.runner.loader import ResolvedModel, resolve_model, weight_source
 from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.spec_decode.draft import DraftProposer, self_draft_model
 from modelyard.runner.spec_decode.ngram import NgramProposer
@@ -76,7 +76,7 @@ def build_proposer(
         raise ValueError("speculative method 'draft' without a draft model")
     with torch.inference_mode():
         model = LlamaModel(
-            draft.path,
+            weight_source(draft, use_blocks=False),
             draft.config,
             dtype=target.dtype,
             num_blocks=num_blocks,
