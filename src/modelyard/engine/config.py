@@ -37,7 +37,7 @@ class ModelConfig:
     num_threads: int | None = setting(None, ge=1)
     """torch intra-op threads in the worker; None keeps torch's default (all cores)."""
     gguf_blocks: Switch = "auto"
-    """on: a model given as a GGUF file keeps the file's Q4_1 / Q8_0 blocks for its linear
+    """on: a model given as a GGUF file keeps the file's quantized blocks for its linear
     layers instead of its float32 conversion's weights (runner.gguf_weights); auto: as
     MODELYARD_WEIGHTS says (gguf: on)."""
     cache_dir: str = setting(factory=cache_dir_from_environment)

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "panels.h"
 
@@ -48,6 +49,22 @@ constexpr int64_t quant_bytes(Layout l) {
 }
 constexpr int64_t block_bytes(Layout l) { return scale_bytes(l) + quant_bytes(l); }
 
+// the high bits of row k's 16 columns (column c at bit c * high_bits): one 2- or 4-byte load
+template <Layout L>
+inline uint32_t high_word(const uint8_t* q, int64_t k) {
+  constexpr int hb = high_bits(L);
+  const uint8_t* h = q + kBlockK * 8 + k * 2 * hb;
+  if constexpr (hb == 1) {
+    uint16_t word;
+    std::memcpy(&word, h, sizeof(word));
+    return word;
+  } else {
+    uint32_t word;
+    std::memcpy(&word, h, sizeof(word));
+    return word;
+  }
+}
+
 // part j of the 16 quants of row k of a block's quants q as int32 lanes, less the offset
 #if defined(__AVX512F__)
 template <Layout L>
@@ -61,9 +78,7 @@ inline __m512i quant_ints(const uint8_t* q, int64_t k) {
         _mm_and_si128(packed, mask), _mm_and_si128(_mm_srli_epi16(packed, 4), mask)));
     constexpr int hb = high_bits(L);
     if constexpr (hb > 0) {
-      const uint8_t* h = q + kBlockK * 8 + k * 2 * hb;
-      uint32_t word = 0;
-      for (int b = 0; b < 2 * hb; ++b) word |= static_cast<uint32_t>(h[b]) << (8 * b);
+      const uint32_t word = high_word<L>(q, k);
       const __m512i shifts = _mm512_mullo_epi32(
           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
           _mm512_set1_epi32(hb));
@@ -79,19 +94,22 @@ inline __m512i quant_ints(const uint8_t* q, int64_t k) {
 template <Layout L>
 inline __m256i quant_ints(const uint8_t* q, int64_t k, int j) {
   if constexpr (L == kInt8) {
-    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 16 + j * 8)));
+    const uint8_t* row = q + k * 16 + j * 8;
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
   } else {
     const __m256i bytes =
         _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 8)));
     __m256i ints =
         j == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15)) : _mm256_srli_epi32(bytes, 4);
     constexpr int hb = high_bits(L);
-    if constexpr (hb > 0) {  // part j's 8 columns: hb bytes from byte j * hb of the k's word
-      const uint8_t* h = q + kBlockK * 8 + k * 2 * hb + j * hb;
-      const uint32_t word = hb == 1 ? h[0] : h[0] | static_cast<uint32_t>(h[1]) << 8;
-      const __m256i shifts = _mm256_setr_epi32(0, hb, 2 * hb, 3 * hb, 4 * hb, 5 * hb, 6 * hb, 7 * hb);
-      const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts),
-                                            _mm256_set1_epi32((1 << hb) - 1));
+    if constexpr (hb > 0) {  // the k's word, one broadcast for both parts; part j's columns
+      // from bit 8 j hb
+      const __m256i word = _mm256_set1_epi32(high_word<L>(q, k));
+      const __m256i shifts = _mm256_add_epi32(
+          _mm256_setr_epi32(0, hb, 2 * hb, 3 * hb, 4 * hb, 5 * hb, 6 * hb, 7 * hb),
+          _mm256_set1_epi32(8 * hb * j));
+      const __m256i high =
+          _mm256_and_si256(_mm256_srlv_epi32(word, shifts), _mm256_set1_epi32((1 << hb) - 1));
       ints = _mm256_or_si256(ints, _mm256_slli_epi32(high, 4));
     }
     if constexpr (offset(L) != 0) ints = _mm256_sub_epi32(ints, _mm256_set1_epi32(offset(L)));
@@ -110,9 +128,7 @@ inline int quant_of(const uint8_t* q, int64_t k, int64_t c) {
     int v = c < 8 ? row[c] & 15 : row[c - 8] >> 4;
     constexpr int hb = high_bits(L);
     if constexpr (hb > 0) {
-      const uint8_t* h = q + kBlockK * 8 + k * 2 * hb;
-      uint32_t word = 0;
-      for (int b = 0; b < 2 * hb; ++b) word |= static_cast<uint32_t>(h[b]) << (8 * b);
+      const uint32_t word = high_word<L>(q, k);
       v |= static_cast<int>((word >> (c * hb)) & ((1u << hb) - 1)) << 4;
     }
     return v - offset(L);
