@@ -1,16 +1,14 @@
-"""Linear layers on a GGUF file's own quantized blocks (`MODELYARD_WEIGHTS=gguf`, or a model's
-`gguf_blocks: on`).
+"""Linear layers, gated MLPs and embeddings on a GGUF file's own quantized blocks
+(`MODELYARD_WEIGHTS=gguf`, or a model's `gguf_blocks: on`).
 
-A GGUF model is served from a float32 folder converted once from the file (runner.loader). With
-this switch, and the kernels built, its Llama linear layers and lm_head keep the file's blocks
-instead: Q4_1 (5 bits a weight: the packaged default model's layers) and Q8_0 (8.5 bits: its
-embedding, which is also its tied lm_head). Other block types keep the float32 weights.
-
-The blocks are repacked once at load into panels of 16 output rows per 32-k block
-(`pack_gguf`), which `csrc/gemm_gguf.cpp` widens in registers at decode row counts. The weights
-it computes with are bit for bit the converted folder's (tested): the kernel only sums in its own
-order, so the model is the same model, with a step streaming ~6x fewer bytes than in float32.
-Past `DECODE_ROWS` rows (prompts) a call dequantizes the panels and runs one `F.linear`.
+A weight the file holds in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K keeps its blocks
+(runner.gguf_blocks: `Blocks`, `kind_of`); other types (Q2_K, Q3_K, float) are the source's
+float weights. The blocks are repacked once at load into panels of 16 output rows per 32-k block
+(`pack_gguf`), which `csrc/gemm_gguf.cpp` widens in registers at decode row counts. The weights it
+computes with are bit for bit gguf's own float32 dequantization (tested): the kernel only sums in
+its own order, so the model is the same model, with a step streaming 4-6x fewer bytes than in
+float32. Past `DECODE_ROWS` rows (prompts) a call dequantizes the panels and runs one `F.linear`.
+An embedding table dequantizes only the rows it gathers (`GGUFEmbedding`).
 
 llama.cpp's converter stores q_proj and k_proj with the rows of each head interleaved for its
 rotary layout; `unpermute_rows` gives the row order transformers (and so the converted folder)
@@ -20,19 +18,49 @@ uses.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
+from modelyard.runner.gguf_blocks import (
+    NAMES,
+    Q4_1,
+    Q8_0,
+    Blocks,
+    dequantize_blocks,
+    kind_of,
+    layout_of,
+    pack_gguf,
+)
+
+__all__ = [
+    "DECODE_ROWS",
+    "Q4_1",
+    "Q8_0",
+    "Blocks",
+    "GGUFEmbedding",
+    "GGUFGatedMLP",
+    "GGUFLinear",
+    "GGUFSwiGLU",
+    "GGUFWeights",
+    "concat",
+    "dequantize_blocks",
+    "dequantize_gguf",
+    "kind_of",
+    "pack_gguf",
+    "packed_linear_gguf",
+    "packed_swiglu_gguf",
+    "unpermute_rows",
+]
+
 log = logging.getLogger(__name__)
 
-Q4_1, Q8_0 = 0, 1  # the kernel's kinds
-_KINDS = {"Q4_1": Q4_1, "Q8_0": Q8_0}
+Projection = Callable[[torch.Tensor], torch.Tensor]
 DECODE_ROWS = 64  # up to this many rows a call runs the kernel, past it F.linear
 
 # HF weight name (of layer {i}) -> the GGUF tensor name
@@ -45,19 +73,6 @@ _LAYER_NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Blocks:
-    """One weight's rows of GGUF blocks: raw (N, K / 32 * block bytes) uint8, in HF row order."""
-
-    kind: int
-    raw: npt.NDArray[np.uint8]
-    k: int
-
-    @property
-    def n(self) -> int:
-        return int(self.raw.shape[0])
 
 
 class GGUFWeights:
@@ -88,9 +103,9 @@ class GGUFWeights:
 
     def _blocks(self, name: str) -> Blocks | None:
         tensor = self._tensors.get(name)
-        kind = None if tensor is None else _KINDS.get(tensor.tensor_type.name)
+        kind = None if tensor is None else kind_of(tensor.tensor_type.name)
         if tensor is None or kind is None:
-            log.warning("%s: not Q4_1 / Q8_0 in the GGUF file, kept in float32", name)
+            log.warning("%s: no kernel for its type in the GGUF file, kept in float32", name)
             return None
         k = int(tensor.shape[0])  # ggml's ne[0]: the input features
         return Blocks(kind, np.asarray(tensor.data), k)
@@ -112,30 +127,6 @@ def concat(parts: list[Blocks | None]) -> Blocks | None:
     if len({p.kind for p in present}) != 1 or len({p.k for p in present}) != 1:
         return None
     return Blocks(present[0].kind, np.concatenate([p.raw for p in present]), present[0].k)
-
-
-def pack_gguf(blocks: Blocks) -> torch.Tensor:
-    """The file's blocks -> (ceil(N / 16), K / 32, bytes) uint8 panels for the kernel: per
-    (panel, block) the 16 rows' float32 scales (Q4_1: then the mins), then per k the 16 rows'
-    quants (Q4_1: row j in the low nibble of byte j, row j + 8 in its high nibble)."""
-    n, nb = blocks.n, blocks.k // 32
-    raw = torch.from_numpy(np.array(blocks.raw)).view(n, nb, -1)  # a copy: the file is read-only
-    panels = (n + 15) // 16
-    padded = torch.zeros(panels * 16, nb, raw.shape[2], dtype=torch.uint8)
-    padded[:n] = raw  # zero rows past N: scale 0, so weight 0
-    grouped = padded.view(panels, 16, nb, -1).transpose(1, 2)  # (P, B, 16 rows, bytes)
-    d = grouped[..., 0:2].contiguous().view(torch.float16).float()  # (P, B, 16, 1)
-    if blocks.kind == Q4_1:
-        m = grouped[..., 2:4].contiguous().view(torch.float16).float()
-        qs = grouped[..., 4:20]  # (P, B, 16, 16): byte j: weight j (low), weight j + 16 (high)
-        q = torch.cat([qs & 15, qs >> 4], dim=-1).transpose(2, 3)  # (P, B, 32 k, 16 rows)
-        quants = (q[..., :8] | (q[..., 8:] << 4)).contiguous()  # (P, B, 32, 8)
-        scales = torch.cat([d.squeeze(-1), m.squeeze(-1)], dim=-1)  # (P, B, 32) floats
-    else:
-        quants = grouped[..., 2:34].transpose(2, 3).contiguous()  # (P, B, 32 k, 16) int8 bits
-        scales = d.squeeze(-1)  # (P, B, 16)
-    scale_bytes = scales.contiguous().view(torch.uint8)
-    return torch.cat([scale_bytes, quants.view(panels, nb, -1)], dim=-1).contiguous()
 
 
 def packed_linear_gguf(
@@ -164,12 +155,45 @@ class GGUFLinear:
         self._packed = pack_gguf(blocks)
         self._bias = None if bias is None else bias.float().contiguous()
 
+    @staticmethod
+    def of_parts(parts: list[Blocks], bias: torch.Tensor | None) -> Projection:
+        """The output rows of several weights in order (q, k, v): one layer when they are of
+        one kind, else one per run of a kind, their outputs concatenated."""
+        if len({p.k for p in parts}) != 1:
+            raise ValueError("GGUF weights of different input features")
+        runs: list[list[Blocks]] = []
+        for part in parts:
+            if runs and runs[-1][0].kind == part.kind:
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        layers, row = [], 0
+        for run in runs:
+            joined = Blocks(run[0].kind, np.concatenate([p.raw for p in run]), run[0].k)
+            run_bias = None if bias is None else bias[row : row + joined.n]
+            layers.append(GGUFLinear(joined, run_bias))
+            row += joined.n
+        return layers[0] if len(layers) == 1 else _Concatenated(layers)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = self.out_features
         if x.shape[0] <= DECODE_ROWS:
             return packed_linear_gguf(x.contiguous(), self._packed, self._kind, n, self._bias)
         weight = dequantize_gguf(self._packed, self._kind, n).to(x.dtype)
         return F.linear(x, weight, None if self._bias is None else self._bias.to(x.dtype))
+
+
+class _Concatenated:
+    """Several layers' outputs side by side: (M, K) -> (M, sum of their N)."""
+
+    __slots__ = ("_layers", "out_features")
+
+    def __init__(self, layers: list[GGUFLinear]) -> None:
+        self._layers = layers
+        self.out_features = sum(layer.out_features for layer in layers)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([layer(x) for layer in self._layers], dim=-1)
 
 
 def packed_swiglu_gguf(
@@ -182,29 +206,83 @@ def packed_swiglu_gguf(
 
 
 def pack_swiglu_gguf(gate: Blocks, up: Blocks) -> torch.Tensor:
-    """`pack_gguf`'s panels of gate and up in turn (gate panel p, then up panel p)."""
+    """`pack_gguf`'s panels of gate and up in turn (gate panel p, then up panel p); their kinds
+    of one layout (`layout_of`)."""
     both = torch.stack([pack_gguf(gate), pack_gguf(up)], dim=1)  # (P, 2, B, bytes)
     return both.flatten(0, 1).contiguous()
 
 
-class GGUFSwiGLU:
-    """silu(x Wg^T) * (x Wu^T) on gate and up weights kept as GGUF blocks (the `SwiGLU` call)."""
+class GGUFGatedMLP:
+    """act(x Wg^T) * (x Wu^T) on gate and up weights kept as GGUF blocks (the `SwiGLU` call):
+    act silu, or gelu_tanh (Gemma's gelu_pytorch_tanh). silu with gate and up in one panel
+    layout runs the fused kernel; otherwise two layers and the activation in torch."""
 
-    __slots__ = ("_kind", "_packed", "width")
+    __slots__ = ("_run", "width")
+
+    def __init__(self, gate: Blocks, up: Blocks, act: Literal["silu", "gelu_tanh"]) -> None:
+        if gate.n != up.n or gate.k != up.k:
+            raise ValueError("gate and up weights of different shapes")
+        self.width = gate.n
+        fused = act == "silu" and layout_of(gate.kind) == layout_of(up.kind)
+        self._run: Projection = _FusedSwiGLU(gate, up) if fused else _TwoLayers(gate, up, act)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x)
+
+
+class _FusedSwiGLU:
+    __slots__ = ("_kind", "_packed", "_width")
 
     def __init__(self, gate: Blocks, up: Blocks) -> None:
-        if gate.kind != up.kind or gate.n != up.n or gate.k != up.k:
-            raise ValueError("gate and up weights of different GGUF types or shapes")
-        self.width = gate.n
-        self._kind = gate.kind
+        self._kind, self._width = gate.kind, gate.n
         self._packed = pack_swiglu_gguf(gate, up)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= DECODE_ROWS:
-            return packed_swiglu_gguf(x.contiguous(), self._packed, self._kind, self.width)
+            return packed_swiglu_gguf(x.contiguous(), self._packed, self._kind, self._width)
         panels = self._packed.view(-1, 2, *self._packed.shape[1:])
-        gate, up = (
-            dequantize_gguf(panels[:, h].contiguous(), self._kind, self.width).to(x.dtype)
+        wg, wu = (
+            dequantize_gguf(panels[:, h].contiguous(), self._kind, self._width).to(x.dtype)
             for h in (0, 1)
         )
-        return F.silu(F.linear(x, gate)).mul_(F.linear(x, up))
+        return F.silu(F.linear(x, wg)).mul_(F.linear(x, wu))
+
+
+class _TwoLayers:
+    __slots__ = ("_act", "_gate", "_up")
+
+    def __init__(self, gate: Blocks, up: Blocks, act: Literal["silu", "gelu_tanh"]) -> None:
+        self._gate, self._up, self._act = GGUFLinear(gate, None), GGUFLinear(up, None), act
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self._gate(x), self._up(x)
+        if self._act == "silu":
+            return F.silu(gate).mul_(up)
+        return F.gelu(gate, approximate="tanh").mul_(up)
+
+
+class GGUFSwiGLU(GGUFGatedMLP):
+    """silu(x Wg^T) * (x Wu^T): `GGUFGatedMLP`'s silu case."""
+
+    __slots__ = ()
+
+    def __init__(self, gate: Blocks, up: Blocks) -> None:
+        super().__init__(gate, up, "silu")
+
+
+class GGUFEmbedding:
+    """Rows of an embedding table kept as GGUF blocks, dequantized only as gathered; `blocks`
+    also serve a tied lm_head (`GGUFLinear(embedding.blocks, None)`)."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: Blocks) -> None:
+        self.blocks = blocks
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (T,) int64 -> (T, K) float32, gguf's dequantization of those rows."""
+        rows = self.blocks.raw[ids.cpu().numpy()]  # (T, row bytes): a copy of T rows
+        return dequantize_blocks(Blocks(self.blocks.kind, rows, self.blocks.k))
+
+    def __repr__(self) -> str:
+        return f"GGUFEmbedding({NAMES[self.blocks.kind]}, {self.blocks.n} x {self.blocks.k})"

@@ -33,9 +33,9 @@ The other switches:
 - `MODELYARD_WEIGHTS=int8`: weight-only int8 linear layers (a scale per output row; the
   activations stay float32 / bf16): half of bf16's bytes per decode step, a quarter of float32's,
   at a small cost in quality (runner.linear; tests/integration/runner/test_int8_quality.py);
-- `MODELYARD_WEIGHTS=gguf`: a model served from a GGUF file keeps the file's Q4_1 / Q8_0 blocks
-  for its linear layers and lm_head (runner.gguf_weights): the same weights as its float32
-  conversion, ~6x fewer bytes per decode step;
+- `MODELYARD_WEIGHTS=gguf`: a model served from a GGUF file keeps the file's quantized blocks
+  (Q4_0 to Q8_0, Q4_K, Q5_K, Q6_K) for its linear layers and lm_head (runner.gguf_weights): the
+  same weights as its float32 conversion, 4-6x fewer bytes per decode step;
 - `MODELYARD_BF16_GEMM`: when the runner's own bf16 GEMM (AMX tiles, or AVX-512 BF16) replaces
   oneDNN's at decode sizes: `auto` (default) where it gives oneDNN's bits (checked at load),
   `always` wherever it is built (its own summation order where oneDNN's differs), `onednn` never.

@@ -1,7 +1,8 @@
 """Linear layers on a GGUF file's own blocks (csrc/gemm_gguf.cpp, MODELYARD_WEIGHTS=gguf): the
-packed panels hold exactly the weights of gguf's own float32 dequantization, the kernel computes
-x times them (float32 and bfloat16 inputs, decode and prompt row counts, SwiGLU fused), and the
-q/k row order of llama.cpp's converter is undone."""
+packed panels of every block type hold exactly the weights of gguf's own float32 dequantization,
+the kernel computes x times them (float32 and bfloat16 inputs, decode and prompt row counts, gated
+MLPs fused or not, mixed kinds side by side), embeddings gather dequantized rows, and the q/k row
+order of llama.cpp's converter is undone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
+from gguf_random import TYPES, random_blocks
 
 from modelyard.config_parse import ConfigError
 from modelyard.engine.config import EngineConfig, LoRAConfig, kernels_from_environment
@@ -21,8 +23,11 @@ from modelyard.runner.gguf_weights import (
     Q4_1,
     Q8_0,
     Blocks,
+    GGUFEmbedding,
+    GGUFGatedMLP,
     GGUFLinear,
     GGUFSwiGLU,
+    dequantize_blocks,
     dequantize_gguf,
     pack_gguf,
     packed_linear_gguf,
@@ -38,35 +43,38 @@ pytestmark = [
     pytest.mark.skipif(not kernels.load(KERNELS), reason="the runner's kernels did not build here"),
 ]
 
-TYPES = {Q4_1: GGMLQuantizationType.Q4_1, Q8_0: GGMLQuantizationType.Q8_0}
-
 
 def blocks_of(weight: torch.Tensor, kind: int) -> tuple[Blocks, torch.Tensor]:
     """gguf's own quantization of `weight` and gguf's own float32 dequantization of it."""
-    raw = quants.quantize(weight.numpy(), TYPES[kind])
-    reference = torch.from_numpy(np.array(quants.dequantize(raw, TYPES[kind])))
+    qtype = GGMLQuantizationType.Q4_1 if kind == Q4_1 else GGMLQuantizationType.Q8_0
+    raw = quants.quantize(weight.numpy(), qtype)
+    reference = torch.from_numpy(np.array(quants.dequantize(raw, qtype)))
     return Blocks(kind, raw, int(weight.shape[1])), reference
 
 
-@pytest.mark.parametrize("kind", [Q4_1, Q8_0])
-@pytest.mark.parametrize(("n", "k"), [(37, 64), (96, 576), (200, 1536)])
-def test_panels_hold_the_gguf_dequantization_bit_for_bit(kind: int, n: int, k: int) -> None:
-    torch.manual_seed(n + k)
-    blocks, reference = blocks_of(torch.randn(n, k) * 0.05, kind)
+def random_weight(name: str, n: int, k: int, seed: int) -> tuple[Blocks, torch.Tensor]:
+    blocks = random_blocks(name, n, k, seed)
+    return blocks, dequantize_blocks(blocks)  # bit for bit gguf's (test_gguf_blocks)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_panels_hold_the_gguf_dequantization_bit_for_bit(name: str) -> None:
+    blocks, reference = random_weight(name, 37, 512, seed=5)
     packed = pack_gguf(blocks)
-    assert packed.shape[:2] == ((n + 15) // 16, k // 32)
-    assert torch.equal(dequantize_gguf(packed, kind, n), reference)
+    assert packed.shape[:2] == (3, 512 // 32)
+    got = dequantize_gguf(packed, blocks.kind, 37)
+    assert torch.equal(got.view(torch.int32), reference.view(torch.int32))
 
 
-@pytest.mark.parametrize("kind", [Q4_1, Q8_0])
+@pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_is_x_times_the_weights(kind: int, dtype: torch.dtype) -> None:
-    torch.manual_seed(kind)
-    n, k = 53, 576
-    blocks, weight = blocks_of(torch.randn(n, k) * 0.05, kind)
+def test_kernel_is_x_times_the_weights(name: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(7)
+    n, k = 53, 512
+    blocks, weight = random_weight(name, n, k, seed=n)
     bias = torch.randn(n)
     layer = GGUFLinear(blocks, bias)
-    for rows in (1, 2, 7, 8, 9, 32, DECODE_ROWS, DECODE_ROWS + 1, 130):
+    for rows in (1, 7, 9, DECODE_ROWS, 100):
         x = torch.randn(rows, k).to(dtype)
         got = layer(x)
         want = F.linear(x.float(), weight, bias)
@@ -76,16 +84,68 @@ def test_kernel_is_x_times_the_weights(kind: int, dtype: torch.dtype) -> None:
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
-@pytest.mark.parametrize("kind", [Q4_1, Q8_0])
-def test_swiglu_is_silu_gate_times_up(kind: int) -> None:
+def test_quantized_by_gguf_itself() -> None:
+    for kind in (Q4_1, Q8_0):
+        blocks, weight = blocks_of(torch.randn(40, 96) * 0.05, kind)
+        x = torch.randn(3, 96)
+        want = F.linear(x, weight)
+        torch.testing.assert_close(GGUFLinear(blocks, None)(x), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("gate_type", "up_type", "act"),
+    [
+        ("Q4_K", "Q4_K", "silu"),  # fused
+        ("Q4_1", "Q4_K", "silu"),  # fused: one layout
+        ("Q6_K", "Q5_K", "silu"),
+        ("Q5_0", "Q8_0", "gelu_tanh"),
+        ("Q6_K", "Q6_K", "gelu_tanh"),
+    ],
+)
+def test_gated_mlp_is_act_gate_times_up(gate_type: str, up_type: str, act: str) -> None:
     torch.manual_seed(3)
-    (gate, wg), (up, wu) = (blocks_of(torch.randn(40, 96) * 0.2, kind) for _ in range(2))
-    mlp = GGUFSwiGLU(gate, up)
+    gate, wg = random_weight(gate_type, 40, 256, seed=1)
+    up, wu = random_weight(up_type, 40, 256, seed=2)
+    mlp = GGUFGatedMLP(gate, up, "silu" if act == "silu" else "gelu_tanh")
     assert mlp.width == 40
-    for rows in (1, 8, 9, 33, DECODE_ROWS, DECODE_ROWS + 3):
-        x = torch.randn(rows, 96)
-        want = F.silu(x @ wg.T) * (x @ wu.T)
-        torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-5 * want.abs().max())
+    for rows, dtype in ((1, torch.float32), (9, torch.bfloat16), (DECODE_ROWS + 3, torch.float32)):
+        x = torch.randn(rows, 256)
+        g = x @ wg.T
+        want = (F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")) * (x @ wu.T)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        got = mlp(x.to(dtype)).float()
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max())
+
+
+def test_swiglu_keeps_its_call() -> None:
+    (gate, wg), (up, wu) = (blocks_of(torch.randn(40, 96) * 0.2, Q8_0) for _ in range(2))
+    x = torch.randn(5, 96)
+    want = F.silu(x @ wg.T) * (x @ wu.T)
+    torch.testing.assert_close(GGUFSwiGLU(gate, up)(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_of_parts_puts_mixed_kinds_side_by_side() -> None:
+    torch.manual_seed(4)
+    parts = [random_weight(t, n, 256, seed=n) for t, n in (("Q5_0", 24), ("Q5_0", 8), ("Q8_0", 8))]
+    bias = torch.randn(40)
+    qkv = GGUFLinear.of_parts([b for b, _ in parts], bias)
+    weight = torch.cat([w for _, w in parts])
+    for rows in (1, 70):
+        x = torch.randn(rows, 256)
+        want = F.linear(x, weight, bias)
+        torch.testing.assert_close(qkv(x), want, rtol=1e-5, atol=1e-5 * want.abs().max())
+    one = GGUFLinear.of_parts([parts[0][0], parts[1][0]], None)
+    assert isinstance(one, GGUFLinear)
+    assert one.out_features == 32
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+def test_embedding_rows_are_the_dequantized_rows(name: str) -> None:
+    blocks, weight = random_weight(name, 50, 256, seed=9)
+    embedding = GGUFEmbedding(blocks)
+    ids = torch.tensor([3, 0, 49, 3])
+    assert torch.equal(embedding(ids), weight[ids])
+    assert embedding.blocks is blocks
 
 
 def test_unpermute_rows_undoes_the_converters_rotary_permutation() -> None:
@@ -104,7 +164,7 @@ def test_a_wrong_kind_or_shape_is_refused() -> None:
     with pytest.raises(RuntimeError, match="not from pack_gguf"):
         packed_linear_gguf(x, packed, Q8_0, 16, None)
     with pytest.raises(RuntimeError, match="kind 0"):
-        packed_linear_gguf(x, packed, 7, 16, None)
+        packed_linear_gguf(x, packed, 8, 16, None)
     with pytest.raises(RuntimeError, match="shapes do not match"):
         packed_linear_gguf(x, packed, Q4_1, 17, None)
     with pytest.raises(RuntimeError, match="K = 32"):

@@ -1,24 +1,26 @@
 // y = x W^T (+ b) with W kept in a GGUF file's own quantized blocks (MODELYARD_WEIGHTS=gguf):
-// Q4_1 (w = d q + m, q in 0..15, one d and m per 32 weights of a row) and Q8_0 (w = d q, q in
-// -127..127), the formats of the packaged default model.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (one d, and m, per 32 weights of a row) and the K-quants Q4_K,
+// Q5_K (super-blocks of 256 with 6-bit sub-scales: per 32 weights w = (d sc) q - (dmin m)) and
+// Q6_K (per 16 weights w = (d sc) (q - 32)).
 //
-// One request decoding streams every weight once per step: Q4_1 is 5 bits a weight against
-// float32's 32. The blocks are repacked once at load into the float32 GEMM's panels (16 output
-// columns) per 32-k block: the block's 16 scales (and mins) as float32, then per k the 16
-// columns' quants (Q4_1: 8 bytes, column j in the low nibble of byte j and column j + 8 in its
-// high nibble; Q8_0: 16 bytes). Each k row is widened in registers to 16 floats (one AVX-512
-// register or two AVX2 ones: panels.h's parts), d q + m, where d q is exact in float32 (a 4- or
-// 8-bit integer times an 11-bit significand), so the weights are bit for bit those of the GGUF's
-// float32 dequantization (runner.loader's converted folder); each output is then summed over k in
-// order in float32 (its own order, not F.linear's). Work is split by units of panels claimed by
-// the threads in turn (claim.h); the next unit's bytes are prefetched while one is computed. One
-// row runs through four panels at once, up to kMR rows share each widened row of weights, and
-// more rows widen each panel once into a buffer.
+// One request decoding streams every weight once per step. The blocks are repacked once at load
+// into the float32 GEMM's panels (16 output columns) per 32-k block, in one of six layouts
+// (gguf_blocks.h): the 16 columns' float32 scales (a K-quant's d sc, exact), then per k their
+// quants as nibbles plus planes of high bits (Q8_0: bytes): 5 bits a weight for Q4_0, 6 for
+// Q4_1 / Q4_K, 7 for Q5_*, 8 for Q6_K, 9 for Q8_0, against float32's 32. Each k row is widened
+// in registers to 16 floats (one AVX-512 register or two AVX2 ones: panels.h's parts) by the
+// float32 operations of gguf's own numpy dequantization, so the weights are bit for bit the
+// GGUF's float32 ones; each output is then summed over k in order in float32 (its own order, not
+// F.linear's). Work is split by units of panels claimed by the threads in turn (claim.h); the next
+// unit's bytes are prefetched while one is computed. One row runs through four panels at once,
+// up to kMR rows share each widened row of weights, and more rows widen each panel once into a
+// buffer.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "claim.h"
@@ -39,7 +41,7 @@ using modelyard::kParts;
 using modelyard::part;
 using modelyard::splat_part;
 using modelyard::Trickle;
-using namespace modelyard::gguf;  // Kind, the blocks' layout, weights()
+using namespace modelyard::gguf;  // Kind, Layout, the blocks' layout, weights()
 constexpr int64_t kMR = modelyard::kPartRows;  // rows of x per micro-kernel call
 constexpr int64_t kPanelsPerUnit = 4;
 // more rows than this widen each panel once into a buffer (AVX2: two passes of 4 rows in
@@ -52,7 +54,7 @@ constexpr int64_t kWideMR = kMR == 4 ? 6 : kMR;
 constexpr int64_t kRowPanels = 4;
 
 // rows (<= kMR) of x (float32, ldx apart) times one panel (`blocks` 32-k blocks) -> sums
-template <Kind K, int MR>
+template <Layout K, int MR>
 inline void micro(const float* x, int64_t ldx, const uint8_t* panel, int64_t blocks, f16v* sums,
                   const char* pf, int64_t pf_every) {
   part acc[MR][kParts] = {};
@@ -76,7 +78,7 @@ inline void micro(const float* x, int64_t ldx, const uint8_t* panel, int64_t blo
   for (int i = 0; i < MR; ++i) sums[i] = joined(acc[i]);
 }
 
-template <Kind K, int MR>
+template <Layout K, int MR>
 void micro_rows(int rows, const float* x, int64_t ldx, const uint8_t* panel, int64_t blocks,
                 f16v* sums, const char* pf, int64_t pf_every) {
   if (rows == MR) return micro<K, MR>(x, ldx, panel, blocks, sums, pf, pf_every);
@@ -85,7 +87,7 @@ void micro_rows(int rows, const float* x, int64_t ldx, const uint8_t* panel, int
 
 // one row of x times P panels (`panel_bytes` apart) at once -> sums, each column summed in
 // micro's order: P sums in flight, where one panel's sum alone waits on its FMA at every k
-template <Kind K, int P>
+template <Layout K, int P>
 inline void one_row(const float* x, const uint8_t* panels, int64_t panel_bytes, int64_t blocks,
                     f16v* sums, const char* pf, int64_t pf_every) {
   part acc[P][kParts] = {};
@@ -108,7 +110,7 @@ inline void one_row(const float* x, const uint8_t* panels, int64_t panel_bytes, 
   for (int p = 0; p < P; ++p) sums[p] = joined(acc[p]);
 }
 
-template <Kind K, int P>
+template <Layout K, int P>
 void one_row_panels(int count, const float* x, const uint8_t* panels, int64_t panel_bytes,
                     int64_t blocks, f16v* sums, const char* pf, int64_t pf_every) {
   if (count == P) return one_row<K, P>(x, panels, panel_bytes, blocks, sums, pf, pf_every);
@@ -118,7 +120,7 @@ void one_row_panels(int count, const float* x, const uint8_t* panels, int64_t pa
 }
 
 // one panel widened once into w (k_len x 16 floats, k-major), for many row blocks
-template <Kind K>
+template <Layout K>
 void widen_panel(const uint8_t* panel, int64_t blocks, float* w) {
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = panel + b * block_bytes(K);
@@ -192,7 +194,7 @@ void output_rows(int64_t m, T* y, int64_t n, int64_t col, const float* bias,
 
 // y's columns from col for one row of x: a unit's `count` weight panels, kRowPanels at a time,
 // each group prefetching its share of the next unit's bytes (at `next`)
-template <Kind K, bool SWIGLU, typename T>
+template <Layout K, bool SWIGLU, typename T>
 void one_row_unit(const float* x, const uint8_t* panels, int64_t count, int64_t panel_bytes,
                   int64_t blocks, const char* next, T* y, int64_t n, int64_t col,
                   const float* bias) {
@@ -216,7 +218,7 @@ void one_row_unit(const float* x, const uint8_t* panels, int64_t count, int64_t 
 // y (M, n) = x W^T (+ bias); with SWIGLU the panels come in (gate, up) pairs and y is
 // silu(x Wg^T) * (x Wu^T). Up to kMR rows widen each panel's quants in registers as they
 // stream in; more rows widen a panel once into a per-thread buffer and run from there.
-template <Kind K, bool SWIGLU, typename T>
+template <Layout K, bool SWIGLU, typename T>
 void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t panels,
           const float* bias, T* yp, int64_t n) {
   constexpr int per = SWIGLU ? 2 : 1;  // weight panels per 16 output columns
@@ -258,24 +260,39 @@ void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t pane
   });
 }
 
-// the packed weight's kind, checked against its shape (panels, blocks, block bytes); `per`
+// f(std::integral_constant<Layout, L>{}) for the layout L of `kind`: each layout's code is
+// compiled once, whatever file types share it
+template <typename F>
+void with_layout(Layout layout, const F& f) {
+  switch (layout) {
+    case kMin4: return f(std::integral_constant<Layout, kMin4>{});
+    case kInt8: return f(std::integral_constant<Layout, kInt8>{});
+    case kOff4: return f(std::integral_constant<Layout, kOff4>{});
+    case kMin5: return f(std::integral_constant<Layout, kMin5>{});
+    case kOff5: return f(std::integral_constant<Layout, kOff5>{});
+    case kOff6: return f(std::integral_constant<Layout, kOff6>{});
+  }
+}
+
+// the packed weight's layout, checked against its shape (panels, blocks, block bytes); `per`
 // weight panels make 16 output columns
-Kind checked_kind(const at::Tensor& packed, int64_t kind, int64_t n, int64_t per,
-                  const char* name) {
-  TORCH_CHECK(kind == kQ4_1 || kind == kQ8_0, name, ": kind 0 (Q4_1) or 1 (Q8_0)");
-  const Kind k = static_cast<Kind>(kind);
+Layout checked_layout(const at::Tensor& packed, int64_t kind, int64_t n, int64_t per,
+                      const char* name) {
+  TORCH_CHECK(kind >= 0 && kind < kKinds, name,
+              ": kind 0 (Q4_1) to 7 (Q6_K): Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K");
+  const Layout l = layout_of(static_cast<Kind>(kind));
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == block_bytes(k) && packed.size(0) % per == 0,
+                  packed.size(2) == block_bytes(l) && packed.size(0) % per == 0,
               name, ": weight not from pack_gguf for this kind");
   const int64_t outs = packed.size(0) / per;
   TORCH_CHECK(n > (outs - 1) * kNR && n <= outs * kNR, name, ": shapes do not match");
-  return k;
+  return l;
 }
 
 template <bool SWIGLU>
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind, int64_t n,
                   const float* bias, const char* name) {
-  const Kind k = checked_kind(packed, kind, n, SWIGLU ? 2 : 1, name);
+  const Layout l = checked_layout(packed, kind, n, SWIGLU ? 2 : 1, name);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
                   x.size(1) == packed.size(1) * kBlockK,
@@ -286,20 +303,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind, i
   const float* xp = xf.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const int64_t m = x.size(0), kk = x.size(1), panels = packed.size(0);
-  auto run = [&](auto* yp) {
-    if (k == kQ4_1) return gemm<kQ4_1, SWIGLU>(xp, m, kk, wp, panels, bias, yp, n);
-    gemm<kQ8_0, SWIGLU>(xp, m, kk, wp, panels, bias, yp, n);
-  };
-  if (x.scalar_type() == at::kFloat) {
-    run(y.data_ptr<float>());
-  } else {
-    run(y.data_ptr<at::BFloat16>());
-  }
+  with_layout(l, [&](auto layout) {
+    constexpr Layout L = decltype(layout)::value;
+    if (x.scalar_type() == at::kFloat) {
+      gemm<L, SWIGLU>(xp, m, kk, wp, panels, bias, y.data_ptr<float>(), n);
+    } else {
+      gemm<L, SWIGLU>(xp, m, kk, wp, panels, bias, y.data_ptr<at::BFloat16>(), n);
+    }
+  });
   return y;
 }
 
 // every panel widened (widen_panel) and written out as rows of (N, K)
-template <Kind K>
+template <Layout K>
 void dequantize_into(const uint8_t* wp, int64_t panels, int64_t blocks, int64_t n, float* out) {
   const int64_t k_len = blocks * kBlockK;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
@@ -339,15 +355,13 @@ at::Tensor packed_swiglu_gguf(const at::Tensor& x, const at::Tensor& packed, int
 
 // pack_gguf's panels back to the (N, K) float32 weight they hold (the GGUF's dequantization)
 at::Tensor dequantize_gguf(const at::Tensor& packed, int64_t kind, int64_t n) {
-  const Kind k = checked_kind(packed, kind, n, 1, "dequantize_gguf");
+  const Layout l = checked_layout(packed, kind, n, 1, "dequantize_gguf");
   const int64_t blocks = packed.size(1);
   auto out = at::empty({n, blocks * kBlockK}, packed.options().dtype(at::kFloat));
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  if (k == kQ4_1) {
-    dequantize_into<kQ4_1>(wp, packed.size(0), blocks, n, out.data_ptr<float>());
-  } else {
-    dequantize_into<kQ8_0>(wp, packed.size(0), blocks, n, out.data_ptr<float>());
-  }
+  with_layout(l, [&](auto layout) {
+    dequantize_into<decltype(layout)::value>(wp, packed.size(0), blocks, n, out.data_ptr<float>());
+  });
   return out;
 }
 
