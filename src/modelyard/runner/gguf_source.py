@@ -29,7 +29,7 @@ import numpy.typing as npt
 import torch
 
 from modelyard.runner.gguf_file import GGUFFile, GGUFTensor
-from modelyard.runner.gguf_weights import Q4_1, Q8_0, Blocks, unpermute_rows
+from modelyard.runner.gguf_weights import Blocks, kind_of, unpermute_rows
 
 _ATTN = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
 _MLP = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
@@ -52,12 +52,6 @@ _EXPERTS: dict[str, list[str]] = {
     "qwen3moe": [f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")],
 }
 _GLOBAL = ["model.embed_tokens", "model.norm", "lm_head"]
-
-
-def kind_of(type_name: str) -> int | None:
-    """The kernel kind that reads GGUF type `type_name`, None when no kernel does (replaced by
-    gguf_weights.kind_of once that module reads more types)."""
-    return {"Q4_1": Q4_1, "Q8_0": Q8_0}.get(type_name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from tiny_gguf import SPECS, checkpoint, gguf_tensors, write
 from modelyard.runner.gguf_config import gguf_config
 from modelyard.runner.gguf_file import GGUFFile
 from modelyard.runner.gguf_source import GGUFSource
-from modelyard.runner.gguf_weights import Q4_1, Q8_0, unpermute_rows
+from modelyard.runner.gguf_weights import Q4_1, Q8_0, kind_of, unpermute_rows
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +95,7 @@ def test_quantized_weights_dequantize_and_offer_blocks_in_hf_row_order(tmp_path:
     types = {
         "blk.0.attn_q.weight": GGMLQuantizationType.Q8_0,
         "blk.0.ffn_up.weight": GGMLQuantizationType.Q4_1,
-        "blk.0.ffn_down.weight": GGMLQuantizationType.Q4_0,  # no kernel reads it here
+        "blk.0.ffn_down.weight": GGMLQuantizationType.Q4_0,
     }
     path = write(spec, tensors, tmp_path / "q.gguf", types)
     config = gguf_config(GGUFFile(path))
@@ -119,7 +119,9 @@ def test_quantized_weights_dequantize_and_offer_blocks_in_hf_row_order(tmp_path:
     assert np.shares_memory(
         up_blocks.raw, source.file.tensors["blk.0.ffn_up.weight"].data
     )  # no copy
-    assert source.blocks("model.layers.0.mlp.down_proj.weight") is None
+    down_blocks = source.blocks("model.layers.0.mlp.down_proj.weight")
+    assert down_blocks is not None and down_blocks.kind == kind_of("Q4_0")
+    assert source.blocks("model.layers.0.input_layernorm.weight") is None  # float32
     assert GGUFSource(path, config, use_blocks=False).blocks(up) is None
 
 
