@@ -95,7 +95,8 @@ class DecoderModel:
         self.cos, self.signed_sin = self.tables[arch.rope_keys[0]]
         # float32 and bfloat16 run the fused ops
         native_dtype = dtype in (torch.float32, torch.bfloat16)
-        self.fused = native_dtype and loaded and self.head_dim % 2 == 0 and arch.llama_like
+        full_rotary = self.cos.shape[1] == self.head_dim
+        self.fused = native_dtype and loaded and arch.llama_like and full_rotary
         group = self.num_heads // self.num_kv_heads
         self.kv_layout = (
             kv_layout(dtype, self.head_dim, block_size, group, kernel_config)
