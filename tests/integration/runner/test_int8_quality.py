@@ -56,8 +56,9 @@ def load(weights: str) -> DecoderModel:
     resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
     config = dataclasses.replace(KERNELS, weights=weights)  # type: ignore[arg-type]
     return DecoderModel(
-        SafetensorsSource(resolved.path), resolved.architecture, resolved.config, dtype=torch.float32, num_blocks=64,
-        block_size=BLOCK, max_model_len=1024, kernel_config=config,
+        SafetensorsSource(resolved.path), resolved.architecture, resolved.config,
+        dtype=torch.float32, num_blocks=64, block_size=BLOCK, max_model_len=1024,
+        kernel_config=config,
     )  # fmt: skip
 
 

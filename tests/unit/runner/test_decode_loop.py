@@ -14,8 +14,8 @@ from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.decode_loop import GEMM_KINDS, DecodeLoop
 from modelyard.runner.models.decoder import DecoderModel
-from modelyard.runner.weights import SafetensorsSource
 from modelyard.runner.spec_decode.draft import self_draft_model
+from modelyard.runner.weights import SafetensorsSource
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
 

@@ -206,8 +206,8 @@ def test_fused_forward_matches_the_torch_forward(
     models = []
     for fused in (True, False):
         model = decoder.DecoderModel(
-            SafetensorsSource(tiny_models[name]), config.architectures[0], config, dtype=dtype, num_blocks=8, block_size=4,
-            max_model_len=64, kernel_config=KERNELS,
+            SafetensorsSource(tiny_models[name]), config.architectures[0], config, dtype=dtype,
+            num_blocks=8, block_size=4, max_model_len=64, kernel_config=KERNELS,
         )  # fmt: skip
         model.fused = fused
         models.append(model)
