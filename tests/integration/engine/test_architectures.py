@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from lora_helpers import MergedReference, lora_request, make_adapter
 from modelyard.engine.config import kernels_from_environment
 from modelyard.engine.llm import LLM
 from modelyard.engine.sampling_params import SamplingParams
@@ -133,11 +134,16 @@ FAMILIES: list[Any] = [
 def model_dir(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
 ) -> Path:
-    """A tiny random model of the family with the tiny Llama's tokenizer, saved once."""
+    return _saved(request.param, tmp_path_factory, tiny_llama_dir)
+
+
+def _saved(
+    make: Callable[[int], Any], tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
+) -> Path:
+    """A tiny random model of the family with the tiny Llama's tokenizer, saved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    make: Callable[[int], Any] = request.param
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = make(len(tokenizer))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
@@ -208,3 +214,27 @@ def test_greedy_equals_transformers_alone_and_batched(model_dir: Path, dtype: st
     batched = [r.token_ids for r in llm.generate([*prompts, prompts[1]], params)]
     assert alone == expected
     assert batched == [*expected, expected[1]]
+
+
+def test_lora_on_qwen3_equals_peft_merged(
+    tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
+) -> None:
+    """Qwen3's q/k norms come after the adapters' q/k deltas, as in peft."""
+    base = _saved(_qwen3, tmp_path_factory, tiny_llama_dir)
+    adapter = make_adapter(base, tmp_path_factory.mktemp("qwen3-lora"), seed=3, rank=4)
+    llm = LLM(str(base), max_model_len=128, num_threads=1, num_blocks=64, lora={"max_loras": 2})
+    prompts = _prompts(llm.runner.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    results = llm.generate(prompts, params, lora=lora_request("a", adapter, 1))
+    ref = MergedReference(base)
+    assert [r.token_ids for r in results] == [ref.greedy(adapter, p, NEW_TOKENS) for p in prompts]
+
+
+@pytest.mark.parametrize("make", [_gemma3, _phi3], ids=["gemma3", "phi3"])
+def test_lora_refused_where_the_hooks_do_not_fit(
+    make: Callable[[int], Any], tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
+) -> None:
+    """GeGLU and fused checkpoint weights have no LoRA hooks: refused at load."""
+    folder = _saved(make, tmp_path_factory, tiny_llama_dir)
+    with pytest.raises(ValueError, match="LoRA adapters are not supported"):
+        LLM(str(folder), max_model_len=128, num_threads=1, num_blocks=8, lora={})

@@ -6,13 +6,15 @@ inverse frequencies are transformers' own (`ROPE_INIT_FUNCTIONS`: linear, llama3
 longrope; default computed here as HF does); a table covers the first `rotary_dim` channels of
 a head (partial rotary: Phi-4-mini rotates 3/4), the rest pass through.
 
-longrope (Phi-3, Phi-4-mini) has two sets of frequencies: position p uses the short factors
-when p < original_max_position_embeddings and the long ones beyond. transformers picks one set
-per forward from the longest position in it, so the two agree whenever a forward's positions
-all lie on one side (prefill of a prompt within the original length, then one decode token at
-a time, as `generate` runs); a prompt or chunk that crosses the boundary differs: transformers
-rotates all of its positions with the long factors, this table only those past the boundary
-(the cached keys of earlier positions keep the short ones in both).
+longrope (Phi-3, Phi-4-mini) has two sets of frequencies: here position p uses the short
+factors when p < original_max_position_embeddings and the long ones beyond, and a cached key
+keeps the factors of its own position. transformers' rotary embedding picks one set per forward
+from the forward's longest position (tested equal to this table position by position), so the
+two agree while every forward stays on one side: a prompt within the original length and its
+continuation up to it. They differ past it: a forward crossing the boundary rotates all of its
+positions with the long factors in transformers, and Phi-3's `generate` re-encodes the whole
+sequence with them once it first grows past the original length (it drops its cache), which
+this engine does not do (earlier keys keep the short factors).
 """
 
 from __future__ import annotations
