@@ -40,6 +40,11 @@ ARCHITECTURES: dict[str, Family] = {
     "Phi3ForCausalLM": "phi3",
 }
 MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen3MoeForCausalLM"})
+# where transformers gives each layer the window of its `layer_types` entry; the others (Mistral,
+# Mixtral, Phi-3) slide every layer when the config has a window
+LAYER_TYPED = frozenset(
+    {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
+)
 _ACTIVATIONS: dict[str, Activation] = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -97,7 +102,7 @@ def native_supports(architecture: str, config: Any) -> bool:
         moe.is_moe_layer(config, i) for i in range(config.num_hidden_layers)
     ):
         return False  # MoE layers need runner.models.moe
-    layer_types = _layer_types(config)
+    layer_types = _layer_types(architecture, config)
     return all(supported_rope(config, rope_key(config, t)) for t in set(layer_types))
 
 
@@ -108,7 +113,7 @@ def read_arch(architecture: str, config: Any, *, has_lm_head: bool) -> Arch:
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     gemma = family == "gemma3"
     scalar = getattr(config, "query_pre_attn_scalar", None) if gemma else None
-    layer_types = _layer_types(config)
+    layer_types = _layer_types(architecture, config)
     return Arch(
         num_layers=int(config.num_hidden_layers),
         num_heads=heads,
@@ -136,11 +141,11 @@ def _activation_name(config: Any, family: Family) -> str:
     return str(getattr(config, "hidden_act", "silu"))
 
 
-def _layer_types(config: Any) -> list[str]:
-    """Each layer's attention type ("sliding_attention" | "full_attention"); a config without
-    `layer_types` slides every layer when it has a window (Mistral)."""
+def _layer_types(architecture: str, config: Any) -> list[str]:
+    """Each layer's attention type ("sliding_attention" | "full_attention"): its `layer_types`
+    entry (LAYER_TYPED), else sliding for every layer when the config has a window."""
     types = getattr(config, "layer_types", None)
-    if types:
+    if types and architecture in LAYER_TYPED:
         return [str(t) for t in types][: config.num_hidden_layers]
     sliding = getattr(config, "sliding_window", None) is not None
     return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
