@@ -8,8 +8,8 @@ and loaded into our decoder and engine.
 - greedy tokens equal `generate(do_sample=False)` for 3 prompts of different lengths, each run
   alone and then all batched with a repeated prompt, through an engine with chunked prefill
   (16-token budget), prefix caching and n-gram speculation on.
-Gemma 3's prompts are longer than its sliding window (8). The MoE families wait for
-runner.models.moe (skipped).
+Gemma 3's and the windowed Phi-3's prompts are longer than their sliding windows (8, 6). The MoE
+families wait for runner.models.moe (skipped).
 """
 
 from __future__ import annotations
@@ -101,6 +101,17 @@ def _phi3(vocab: int) -> Any:
     )  # fmt: skip
 
 
+def _phi3_window(vocab: int) -> Any:
+    """Phi-3-mini-like: full rotary, default rope and one sliding window for every layer (the
+    fused kernels' path, fed by the fused checkpoint weights)."""
+    from transformers import Phi3Config
+
+    return Phi3Config(
+        vocab_size=vocab, num_hidden_layers=2, sliding_window=6, tie_word_embeddings=False,
+        **COMMON,
+    )  # fmt: skip
+
+
 def _qwen3_moe(vocab: int) -> Any:
     from transformers import Qwen3MoeConfig
 
@@ -125,6 +136,7 @@ FAMILIES: list[Any] = [
     pytest.param(_qwen3, id="qwen3"),
     pytest.param(_gemma3, id="gemma3"),
     pytest.param(_phi3, id="phi3"),
+    pytest.param(_phi3_window, id="phi3_window"),
     pytest.param(_qwen3_moe, id="qwen3_moe", marks=MOE_STUB),
     pytest.param(_mixtral, id="mixtral", marks=MOE_STUB),
 ]
