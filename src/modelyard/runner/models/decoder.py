@@ -17,7 +17,7 @@ Two paths compute a layer:
 With a LoRAConfig, each layer's projections are wrapped by runner.lora.hooks, which add the
 step's adapter deltas row by row (the MLP's activation after its gate/up deltas); a step without
 adapters runs the same kernels as a model without LoRA. LoRA needs separate SwiGLU projections
-(not Gemma's GeGLU nor Phi-3's fused weights).
+(not Gemma's GeGLU, Phi-3's fused weights nor MoE experts).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from modelyard.runner.kv_layout import KV_PLAIN, kv_layout
 from modelyard.runner.linear import packing_available
 from modelyard.runner.lora.adapter import BaseShapes
 from modelyard.runner.lora.manager import LoRAManager
-from modelyard.runner.models.arch import read_arch
+from modelyard.runner.models.arch import MOE_ARCHITECTURES, read_arch
 from modelyard.runner.models.layers import (
     Build,
     LayerWeights,
@@ -78,7 +78,8 @@ class DecoderModel:
         self.head_dim, self.eps, self.scale = arch.head_dim, arch.eps, arch.attn_scale
         self.block_size = block_size
         self.sliding_window: int | None = arch.step_window  # what a step's metadata is built with
-        if lora is not None and (arch.activation != "silu" or arch.fused_gate_up):
+        hooks_fit = arch.activation == "silu" and not arch.fused_gate_up
+        if lora is not None and (not hooks_fit or architecture in MOE_ARCHITECTURES):
             raise ValueError(f"LoRA adapters are not supported for {architecture}")
         self.embed = source.tensor("model.embed_tokens.weight").to(dtype)  # (V, H)
         self.norm = norm_weight(source.tensor("model.norm.weight"), arch, dtype)  # (H,)

@@ -75,6 +75,9 @@ def build_layer(
     qkv, o = projection(source, qkv_names, build), projection(source, [attn + "o_proj"], build)
     mlp_in: Projection | None = None
     down: Projection | None = None
+    if lora is not None:  # the hook: adapter deltas on every projection
+        qkv = LoRAProjection(qkv, lora, index, "qkv")
+        o = LoRAProjection(o, lora, index, "o")
     if moe.is_moe_layer(config, index):
         mlp = moe.build_moe(
             source, index, config, dtype=build.dtype, pack=build.pack,
@@ -84,9 +87,7 @@ def build_layer(
         up_names = ["gate_up_proj"] if arch.fused_gate_up else ["gate_proj", "up_proj"]
         names = [f"{p}mlp.{n}" for n in up_names]
         down = projection(source, [p + "mlp.down_proj"], build)
-        if lora is not None:  # the hook: adapter deltas on every projection
-            qkv = LoRAProjection(qkv, lora, index, "qkv")
-            o = LoRAProjection(o, lora, index, "o")
+        if lora is not None:
             gate, up = gate_up_weights(source, names, build.dtype)
             mlp_in = LoRAGatedMLP(
                 gate, up, lora, index, pack=build.pack, kernel_config=build.kernel_config
