@@ -35,7 +35,7 @@ compiled kernels the model's fused RoPE op writes them instead). Then:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -130,6 +130,23 @@ class AttentionMetadata:
                 torch.empty(shape, dtype=cache.dtype),
             )
         return self.decode_scratch
+
+    def with_window(self, window: int | None) -> AttentionMetadata:
+        """The same step attended with sliding window `window` (a model whose layers differ in
+        window: runner.models.decoder); itself when the window is its own. The index tensors
+        and the per-step buffers are shared; the masks are the window's."""
+        if window == self.sliding_window:
+            return self
+        prefills = [
+            replace(
+                c,
+                mask=_chunk_mask(
+                    c.start_position, c.num_tokens, c.block_ids.numel() * self.block_size, window
+                ),
+            )
+            for c in self.prefills
+        ]
+        return replace(self, sliding_window=window, prefills=prefills, _decode_mask=None)
 
     @staticmethod
     def build(

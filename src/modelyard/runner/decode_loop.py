@@ -1,6 +1,6 @@
 """Every decoder layer of a step in one compiled call (`csrc/decode_loop.cpp`).
 
-`LlamaModel._fused_layers` runs a layer as eight kernel calls from Python. On a 2-core host the
+`DecoderModel._fused_layers` runs a layer as eight kernel calls from Python. On a 2-core host the
 interpreter and torch's dispatcher between those calls take ~1-1.5 ms of a decode step, while
 the step's helper thread (`kernels.team`) only spins. Where every layer's projections run on
 one of the runner's own GEMMs (float32 panels, or the bf16 AVX-512 / AMX kernels) without

@@ -45,8 +45,9 @@ from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.loader import ResolvedModel, resolve_model, weight_source
+from modelyard.runner.models.arch import native_supports
+from modelyard.runner.models.decoder import DecoderModel
 from modelyard.runner.models.hf_generic import GenericModel
-from modelyard.runner.models.llama import LlamaModel, native_supports
 from modelyard.runner.sampler import Sampler
 from modelyard.runner.spec_decode import Proposer, build_proposer, resolve_draft
 from modelyard.runner.spec_decode.verify import verify
@@ -110,19 +111,20 @@ class ModelRunner:
         if (speculative is not None or lora is not None) and self.implementation != "native":
             raise ValueError("speculative decoding and LoRA need the native implementation")
         draft = resolve_draft(speculative, self.resolved, model_config.cache_dir)
-        per_block = LlamaModel.kv_bytes_per_block(config, self.dtype, self.block_size)
+        per_block = DecoderModel.kv_bytes_per_block(config, self.dtype, self.block_size)
         if draft is not None:  # the draft's KV tensors share the target's block ids
-            per_block += LlamaModel.kv_bytes_per_block(draft.config, self.dtype, self.block_size)
+            per_block += DecoderModel.kv_bytes_per_block(draft.config, self.dtype, self.block_size)
         self._num_blocks = cache_config.num_blocks or cache_config.kv_cache_bytes // per_block
         if self._num_blocks < 1:
             raise ValueError("kv_cache_bytes is smaller than one KV block")
-        self._native: LlamaModel | None = None
+        self._native: DecoderModel | None = None
         self._generic: GenericModel | None = None
         with torch.inference_mode():
             if self.implementation == "native":
                 gguf = _gguf_source(self.resolved, model_config.gguf_blocks, kernels, lora)
-                self._native = LlamaModel(
+                self._native = DecoderModel(
                     weight_source(self.resolved, use_blocks=gguf is not None),
+                    self.resolved.architecture,
                     config,
                     dtype=self.dtype,
                     num_blocks=self._num_blocks,
@@ -130,7 +132,6 @@ class ModelRunner:
                     max_model_len=self._max_model_len,
                     kernel_config=kernels,
                     lora=lora,
-                    gguf=gguf,
                 )
             else:
                 self._generic = GenericModel(

@@ -21,9 +21,9 @@ from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
-from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, GGUFWeights, dequantize_gguf
+from modelyard.runner.gguf_weights import GGUFGatedMLP, GGUFLinear, GGUFWeights, dequantize_gguf
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model, weight_source
-from modelyard.runner.models.llama import LlamaModel
+from modelyard.runner.models.decoder import DecoderModel
 
 CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
@@ -35,6 +35,7 @@ pytestmark = [
     pytest.mark.timeout(900),
     pytest.mark.skipif(not kernels.load(KERNELS), reason="the runner's kernels did not build here"),
 ]
+
 
 TEXT = Path(__file__).resolve().parents[2] / "data" / "perplexity.txt"
 PROMPTS = [
@@ -48,15 +49,15 @@ CHUNK = 48  # rows per forward: within the kernel's decode row counts
 
 
 @pytest.fixture(scope="module")
-def models() -> dict[str, LlamaModel]:
+def models() -> dict[str, DecoderModel]:
     resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
     assert resolved.gguf is not None
 
-    def load(gguf: Path | None) -> LlamaModel:
-        return LlamaModel(
-            weight_source(resolved, use_blocks=False), resolved.config, dtype=torch.float32,
-            num_blocks=64,
-            block_size=BLOCK, max_model_len=1024, gguf=gguf, kernel_config=KERNELS,
+    def load(gguf: Path | None) -> DecoderModel:
+        source = weight_source(resolved, use_blocks=gguf is not None)
+        return DecoderModel(
+            source, resolved.architecture, resolved.config, dtype=torch.float32, num_blocks=64,
+            block_size=BLOCK, max_model_len=1024, kernel_config=KERNELS,
         )  # fmt: skip
 
     return {"float32": load(None), "gguf": load(resolved.gguf)}
@@ -67,7 +68,6 @@ def test_the_file_blocks_are_the_converted_weights() -> None:
     assert resolved.gguf is not None
     blocks = GGUFWeights(resolved.gguf, resolved.config)
     source = weight_source(resolved, use_blocks=False)
-    state = {n: source.tensor(n) for n in source.names()}
     names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
     names += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
     for index in range(resolved.config.num_hidden_layers):
@@ -76,22 +76,25 @@ def test_the_file_blocks_are_the_converted_weights() -> None:
             assert weight is not None
             layer = GGUFLinear(weight, None)
             got = dequantize_gguf(layer._packed, layer._kind, weight.n)
-            assert torch.equal(got, state[f"model.layers.{index}.{name}.weight"]), (index, name)
+            assert torch.equal(got, source.tensor(f"model.layers.{index}.{name}.weight")), (
+                index,
+                name,
+            )
     head = blocks.lm_head()
     assert head is not None
     layer = GGUFLinear(head, None)
     got = dequantize_gguf(layer._packed, layer._kind, head.n)
-    assert torch.equal(got, state["model.embed_tokens.weight"])
+    assert torch.equal(got, source.tensor("model.embed_tokens.weight"))
 
 
-def test_gguf_blocks_are_in_use(models: dict[str, LlamaModel]) -> None:
+def test_gguf_blocks_are_in_use(models: dict[str, DecoderModel]) -> None:
     assert isinstance(models["gguf"].layers[0].qkv, GGUFLinear)
-    assert isinstance(models["gguf"].layers[0].mlp_in, GGUFSwiGLU)
+    assert isinstance(models["gguf"].layers[0].mlp_in, GGUFGatedMLP)
     assert isinstance(models["gguf"].lm_head, GGUFLinear)
     assert not isinstance(models["float32"].layers[0].qkv, GGUFLinear)
 
 
-def chunked_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+def chunked_logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
     """(T, V) logits of every position, the sequence fed CHUNK tokens per forward."""
     blocks = list(range((len(ids) + BLOCK - 1) // BLOCK))
     out = []
@@ -104,7 +107,7 @@ def chunked_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     return torch.cat(out)
 
 
-def test_logits_and_perplexity_match_float32(models: dict[str, LlamaModel]) -> None:
+def test_logits_and_perplexity_match_float32(models: dict[str, DecoderModel]) -> None:
     tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     ids = tok.encode(TEXT.read_text())[:600]
     logits = {name: chunked_logits(model, ids)[:-1] for name, model in models.items()}
@@ -120,14 +123,14 @@ def test_logits_and_perplexity_match_float32(models: dict[str, LlamaModel]) -> N
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
-def greedy(model: LlamaModel, ids: list[int]) -> list[int]:
+def greedy(model: DecoderModel, ids: list[int]) -> list[int]:
     out: list[int] = []
     for _ in range(NEW_TOKENS):
         out.append(int(chunked_logits(model, [*ids, *out])[-1].argmax()))
     return out
 
 
-def test_greedy_continuations_are_identical(models: dict[str, LlamaModel]) -> None:
+def test_greedy_continuations_are_identical(models: dict[str, DecoderModel]) -> None:
     tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     for prompt in PROMPTS:
         ids = tok.encode(prompt)

@@ -23,7 +23,7 @@ from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.loader import DEFAULT_MODEL, resolve_model, weight_source
-from modelyard.runner.models.llama import LlamaModel
+from modelyard.runner.models.decoder import DecoderModel
 
 CACHE_DIR = cache_dir_from_environment()  # where the GGUF conversion is cached
 
@@ -51,17 +51,17 @@ NEW_TOKENS = 16
 BLOCK = 16
 
 
-def load(weights: str) -> LlamaModel:
+def load(weights: str) -> DecoderModel:
     resolved = resolve_model(DEFAULT_MODEL, CACHE_DIR)
     config = dataclasses.replace(KERNELS, weights=weights)  # type: ignore[arg-type]
-    return LlamaModel(
-        weight_source(resolved, use_blocks=False), resolved.config, dtype=torch.float32,
-        num_blocks=64,
-        block_size=BLOCK, max_model_len=1024, kernel_config=config,
+    return DecoderModel(
+        weight_source(resolved, use_blocks=False), resolved.architecture, resolved.config,
+        dtype=torch.float32, num_blocks=64, block_size=BLOCK, max_model_len=1024,
+        kernel_config=config,
     )  # fmt: skip
 
 
-def all_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+def all_logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
     """(T, V) logits of every position of one sequence, attended from position 0."""
     blocks = list(range((len(ids) + BLOCK - 1) // BLOCK))
     meta = AttentionMetadata.build([0], [len(ids)], [blocks], BLOCK, model.sliding_window)
@@ -70,7 +70,7 @@ def all_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
         return model.forward(torch.tensor(ids), meta, rows).float()
 
 
-def greedy(model: LlamaModel, ids: list[int]) -> list[int]:
+def greedy(model: DecoderModel, ids: list[int]) -> list[int]:
     out: list[int] = []
     for _ in range(NEW_TOKENS):
         out.append(int(all_logits(model, [*ids, *out])[-1].argmax()))
@@ -78,17 +78,17 @@ def greedy(model: LlamaModel, ids: list[int]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def models() -> dict[str, LlamaModel]:
+def models() -> dict[str, DecoderModel]:
     return {name: load(name) for name in ("", "int8")}
 
 
-def test_int8_weights_are_in_use(models: dict[str, LlamaModel]) -> None:
+def test_int8_weights_are_in_use(models: dict[str, DecoderModel]) -> None:
     assert models["int8"].layers[0].qkv._int8 is not None
     assert models[""].layers[0].qkv._int8 is None
     assert models[""].kernel_config.weights == ""  # each model has its own switches
 
 
-def test_int8_perplexity_and_argmax_agreement(models: dict[str, LlamaModel]) -> None:
+def test_int8_perplexity_and_argmax_agreement(models: dict[str, DecoderModel]) -> None:
     tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     ids = tok.encode(TEXT.read_text())
     results = {}
@@ -103,7 +103,7 @@ def test_int8_perplexity_and_argmax_agreement(models: dict[str, LlamaModel]) -> 
     assert agreement >= 0.90
 
 
-def test_int8_greedy_continuations_agree(models: dict[str, LlamaModel]) -> None:
+def test_int8_greedy_continuations_agree(models: dict[str, DecoderModel]) -> None:
     tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, CACHE_DIR).tokenizer_path)
     prefixes = []
     for prompt in PROMPTS:

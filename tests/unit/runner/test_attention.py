@@ -311,3 +311,16 @@ def test_kernel_attends_prefill_rows_as_sdpa_does_in_bfloat16(
     prefill_rows = torch.cat([torch.arange(1, 14), torch.arange(15, 23)])
     assert torch.equal(sdpa_prefills[prefill_rows], torch_path[prefill_rows])
     assert torch.equal(sdpa_prefills[[0, 14]], native[[0, 14]])  # the decodes: the kernel's
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_with_window_equals_metadata_built_with_it(window: int | None) -> None:
+    """A step's metadata re-windowed per layer (runner.models.decoder) masks as if built so."""
+    args = ([0, 6, 9], [7, 1, 4], [[0, 1], [2, 3], [4, 5, 6, 7]], 4)
+    built = AttentionMetadata.build(*args, sliding_window=window)
+    other = AttentionMetadata.build(*args, sliding_window=5).with_window(window)
+    assert other.sliding_window == window
+    assert torch.equal(other.decode_mask(), built.decode_mask())
+    for a, b in zip(other.prefills, built.prefills, strict=True):
+        assert (a.mask is None) == (b.mask is None)
+        assert a.mask is None or torch.equal(a.mask, b.mask)

@@ -13,7 +13,7 @@ from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
 from modelyard.runner.decode_loop import GEMM_KINDS, DecodeLoop
-from modelyard.runner.models import llama
+from modelyard.runner.models.decoder import DecoderModel
 from modelyard.runner.spec_decode.draft import self_draft_model
 from modelyard.runner.weights import SafetensorsSource
 
@@ -27,12 +27,13 @@ def _built() -> None:
     assert kernels.load(KERNELS), "the native kernels did not build (see scripts/setup)"
 
 
-def _model(folder: Path, dtype: torch.dtype) -> llama.LlamaModel:
+def _model(folder: Path, dtype: torch.dtype) -> DecoderModel:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
-    return llama.LlamaModel(
+    return DecoderModel(
         SafetensorsSource(folder),
+        config.architectures[0],
         config,
         dtype=dtype,
         num_blocks=12,

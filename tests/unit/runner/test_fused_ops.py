@@ -13,7 +13,7 @@ import torch
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
-from modelyard.runner.models import llama
+from modelyard.runner.models import decoder, rope
 from modelyard.runner.weights import SafetensorsSource
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
@@ -32,24 +32,26 @@ def _built() -> None:
 def test_rms_norm_and_add_rms_norm_match_torch(rows: int) -> None:
     torch.manual_seed(0)
     x, delta, w = torch.randn(rows, 72) * 3, torch.randn(rows, 72), torch.randn(72)
-    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-5), llama._rms_norm(x, w, 1e-5), **TOL)
+    torch.testing.assert_close(
+        kernels.rms_norm(x, w, 1e-5), decoder.rms_norm(x, w, 1e-5, offset=False), **TOL
+    )
     residual = x.clone()
     normed = kernels.add_rms_norm(residual, delta, w, 1e-6)
     torch.testing.assert_close(residual, x + delta, atol=0, rtol=0)  # updated in place
-    torch.testing.assert_close(normed, llama._rms_norm(x + delta, w, 1e-6), **TOL)
+    torch.testing.assert_close(normed, decoder.rms_norm(x + delta, w, 1e-6, offset=False), **TOL)
 
 
 def test_rope_store_rotates_in_place_and_writes_the_cache() -> None:
     torch.manual_seed(2)
     nh, nkv, hd, bs, num_blocks = 6, 2, 16, 4, 5
     config = type("Config", (), {"rope_parameters": {"rope_theta": 10000.0}})()
-    cos, sin = llama._rotary_tables(config, hd, torch.float32, 64)
+    cos, sin = rope.rotary_tables(config, "", hd, torch.float32, 64)
     positions = torch.tensor([0, 7, 63])
     slots = torch.tensor([3, 17, 9])
     qkv = torch.randn(3, (nh + 2 * nkv) * hd)
     k_cache, v_cache = torch.zeros(nkv, num_blocks, bs, hd), torch.zeros(nkv, num_blocks, bs, hd)
     heads = qkv.view(3, nh + 2 * nkv, hd)
-    expected_qk = llama._rope(heads[:, : nh + nkv], cos[positions, None], sin[positions, None])
+    expected_qk = rope.rotate(heads[:, : nh + nkv], cos[positions, None], sin[positions, None])
     expected_v = heads[:, nh + nkv :].clone()
     kernels.rope_store(qkv, cos, sin, positions, k_cache, v_cache, slots, nh)
     torch.testing.assert_close(heads[:, : nh + nkv], expected_qk, **TOL)
@@ -76,12 +78,14 @@ def test_bfloat16_norms_are_exactly_torchs(rows: int) -> None:
     x[:, 7] = 300.0
     w = torch.randn(576).bfloat16()
     torch.testing.assert_close(
-        kernels.rms_norm(x, w, 1e-5), llama._rms_norm(x, w, 1e-5), atol=0, rtol=0
+        kernels.rms_norm(x, w, 1e-5), decoder.rms_norm(x, w, 1e-5, offset=False), atol=0, rtol=0
     )
     residual = x.clone()
     normed = kernels.add_rms_norm(residual, delta, w, 1e-5)
     torch.testing.assert_close(residual, x + delta, atol=0, rtol=0)
-    torch.testing.assert_close(normed, llama._rms_norm(x + delta, w, 1e-5), atol=0, rtol=0)
+    torch.testing.assert_close(
+        normed, decoder.rms_norm(x + delta, w, 1e-5, offset=False), atol=0, rtol=0
+    )
 
 
 @pytest.mark.parametrize("width", [0, 8, 16])
@@ -96,7 +100,7 @@ def test_bfloat16_add_rms_norm_in_either_pass_keeps_torchs_bits_and_nan(width: i
         w = torch.randn(h).bfloat16()
         residual = x.clone()
         normed = torch.ops.modelyard_kernels.add_rms_norm(residual, delta, w, 1e-5, width)
-        expected = llama._rms_norm(x + delta, w, 1e-5)
+        expected = decoder.rms_norm(x + delta, w, 1e-5, offset=False)
         assert torch.equal(residual.isnan(), (x + delta).isnan())
         assert torch.equal(normed.isnan(), expected.isnan())
         assert bool(normed[2].isnan().all())
@@ -132,13 +136,13 @@ def test_bfloat16_rope_store_is_exactly_torchs() -> None:
     torch.manual_seed(4)
     nh, nkv, hd, bs, num_blocks = 6, 2, 16, 4, 5
     config = type("Config", (), {"rope_parameters": {"rope_theta": 10000.0}})()
-    cos, sin = llama._rotary_tables(config, hd, torch.bfloat16, 64)
+    cos, sin = rope.rotary_tables(config, "", hd, torch.bfloat16, 64)
     positions, slots = torch.tensor([0, 7, 63]), torch.tensor([3, 17, 9])
     qkv = torch.randn(3, (nh + 2 * nkv) * hd).bfloat16()
     cache = torch.zeros(nkv, num_blocks, bs, hd, dtype=torch.bfloat16)
     k_cache, v_cache = cache, cache.clone()
     heads = qkv.view(3, nh + 2 * nkv, hd)
-    expected_qk = llama._rope(heads[:, : nh + nkv], cos[positions, None], sin[positions, None])
+    expected_qk = rope.rotate(heads[:, : nh + nkv], cos[positions, None], sin[positions, None])
     expected_v = heads[:, nh + nkv :].clone()
     kernels.rope_store(qkv, cos, sin, positions, k_cache, v_cache, slots, nh)
     torch.testing.assert_close(heads[:, : nh + nkv], expected_qk, atol=0, rtol=0)
@@ -201,9 +205,9 @@ def test_fused_forward_matches_the_torch_forward(
     config = AutoConfig.from_pretrained(tiny_models[name])
     models = []
     for fused in (True, False):
-        model = llama.LlamaModel(
-            SafetensorsSource(tiny_models[name]), config, dtype=dtype, num_blocks=8, block_size=4,
-            max_model_len=64, kernel_config=KERNELS,
+        model = decoder.DecoderModel(
+            SafetensorsSource(tiny_models[name]), config.architectures[0], config, dtype=dtype,
+            num_blocks=8, block_size=4, max_model_len=64, kernel_config=KERNELS,
         )  # fmt: skip
         model.fused = fused
         models.append(model)

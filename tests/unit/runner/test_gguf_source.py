@@ -120,7 +120,8 @@ def test_quantized_weights_dequantize_and_offer_blocks_in_hf_row_order(tmp_path:
         up_blocks.raw, source.file.tensors["blk.0.ffn_up.weight"].data
     )  # no copy
     down_blocks = source.blocks("model.layers.0.mlp.down_proj.weight")
-    assert down_blocks is not None and down_blocks.kind == kind_of("Q4_0")
+    assert down_blocks is not None
+    assert down_blocks.kind == kind_of("Q4_0")
     assert source.blocks("model.layers.0.input_layernorm.weight") is None  # float32
     assert GGUFSource(path, config, use_blocks=False).blocks(up) is None
 

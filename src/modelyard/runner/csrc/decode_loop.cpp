@@ -1,5 +1,5 @@
 // Every decoder layer of a Llama-family step in one call (runner.decode_loop): the same kernels,
-// in the same order, as LlamaModel._fused_layers runs them from Python, so the same bits; what
+// in the same order, as DecoderModel._fused_layers runs them from Python, so the same bits; what
 // goes is the interpreter and the dispatcher between them (eight calls a layer, ~1-1.5 ms of a
 // 2-core decode step in which the Team's helper thread only spins).
 #include <ATen/ATen.h>

@@ -1,7 +1,9 @@
 """The hooks that put a step's LoRA deltas on a Llama layer's projections (runner.lora.manager holds
-the adapters and computes the deltas; runner.models.llama wraps each layer with these)."""
+the adapters and computes the deltas; runner.models.layers wraps each layer with these)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,12 +15,18 @@ from modelyard.runner.lora.manager import LoRAManager
 
 
 class LoRAProjection:
-    """A base projection plus the step's adapter deltas (the hook llama.py puts on qkv, o and
-    down)."""
+    """A base projection plus the step's adapter deltas (the hook runner.models.layers puts on
+    qkv, o and down)."""
 
     __slots__ = ("base", "group", "layer", "lora")
 
-    def __init__(self, base: Linear, lora: LoRAManager, layer: int, group: str) -> None:
+    def __init__(
+        self,
+        base: Callable[[torch.Tensor], torch.Tensor],
+        lora: LoRAManager,
+        layer: int,
+        group: str,
+    ) -> None:
         self.base = base
         self.lora = lora
         self.layer = layer

@@ -23,7 +23,7 @@ a group's n modules share their input x):
   is the price of LoRA capacity), so taking a slot only copies an adapter's matrices.
 
 The hooks (runner.lora.hooks: `LoRAProjection`, `LoRAGatedMLP`) wrap a layer's projections
-in runner.models.llama; in a step without adapters (or on a layer no adapter targets) they run
+in runner.models.layers; in a step without adapters (or on a layer no adapter targets) they run
 exactly the base model's kernels. With adapters, the float32 MLP runs gate/up as one GEMM on
 the fused SwiGLU's own packed weight, and csrc/lora.cpp adds the deltas and applies the
 activation in one pass.

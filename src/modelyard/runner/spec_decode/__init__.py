@@ -16,7 +16,8 @@ import torch
 from modelyard.engine.config import SpeculativeConfig
 from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.runner.loader import ResolvedModel, resolve_model, weight_source
-from modelyard.runner.models.llama import LlamaModel, native_supports
+from modelyard.runner.models.arch import native_supports
+from modelyard.runner.models.decoder import DecoderModel
 from modelyard.runner.spec_decode.draft import DraftProposer, self_draft_model
 from modelyard.runner.spec_decode.ngram import NgramProposer
 
@@ -57,7 +58,7 @@ def resolve_draft(
 
 def build_proposer(
     config: SpeculativeConfig,
-    target: LlamaModel,
+    target: DecoderModel,
     draft: ResolvedModel | None,
     *,
     num_blocks: int,
@@ -75,8 +76,9 @@ def build_proposer(
     if draft is None:  # pragma: no cover - resolve_draft ran for method=draft
         raise ValueError("speculative method 'draft' without a draft model")
     with torch.inference_mode():
-        model = LlamaModel(
+        model = DecoderModel(
             weight_source(draft, use_blocks=False),
+            draft.architecture,
             draft.config,
             dtype=target.dtype,
             num_blocks=num_blocks,

@@ -33,10 +33,10 @@ import torch
 from modelyard.engine.core.scheduler_output import ScheduledRequest
 from modelyard.runner import kernels
 from modelyard.runner.attention import AttentionMetadata
-from modelyard.runner.models.llama import LlamaModel
+from modelyard.runner.models.decoder import DecoderModel
 
 
-def self_draft_model(target: LlamaModel, num_layers: int) -> LlamaModel:
+def self_draft_model(target: DecoderModel, num_layers: int) -> DecoderModel:
     """A view of the target that runs only its first `num_layers` layers (then the target's
     final norm and head), sharing its weights and those layers' KV cache."""
     if not 1 <= num_layers < len(target.layers):
@@ -50,10 +50,10 @@ def self_draft_model(target: LlamaModel, num_layers: int) -> LlamaModel:
 
 
 class DraftProposer:
-    """Greedy proposals from a draft LlamaModel (see the module docstring)."""
+    """Greedy proposals from a draft DecoderModel (see the module docstring)."""
 
     def __init__(
-        self, model: LlamaModel, *, block_size: int, shares_target_cache: bool, team: bool
+        self, model: DecoderModel, *, block_size: int, shares_target_cache: bool, team: bool
     ) -> None:
         self.model = model
         self.block_size = block_size
