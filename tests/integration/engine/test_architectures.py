@@ -7,9 +7,10 @@ and loaded into our decoder and engine.
 - the logits of every position of a prompt match transformers' forward in the same dtype;
 - greedy tokens equal `generate(do_sample=False)` for 3 prompts of different lengths, each run
   alone and then all batched with a repeated prompt, through an engine with chunked prefill
-  (16-token budget), prefix caching and n-gram speculation on.
-Gemma 3's and the windowed Phi-3's prompts are longer than their sliding windows (8, 6). The MoE
-families wait for runner.models.moe (skipped).
+  (16-token budget), prefix caching and n-gram speculation on, and KV blocks for about one
+  request at a time, so that the batch is preempted and recomputed.
+Gemma 3's and the windowed Phi-3's prompts are longer than their sliding windows (8, 6). Qwen3-MoE and
+Mixtral run the same tests (runner.models.moe).
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def test_greedy_equals_transformers_alone_and_batched(model_dir: Path, dtype: st
             for p in prompts
         ]
     llm = LLM(
-        str(model_dir), dtype=dtype, max_model_len=128, num_threads=1, num_blocks=64,
+        str(model_dir), dtype=dtype, max_model_len=128, num_threads=1, num_blocks=16,
         block_size=BLOCK, max_num_batched_tokens=16,
         speculative={"method": "ngram", "prompt_lookup_min": 1, "long_output_tokens": 0},
     )  # fmt: skip
@@ -225,6 +226,7 @@ def test_greedy_equals_transformers_alone_and_batched(model_dir: Path, dtype: st
     batched = [r.token_ids for r in llm.generate([*prompts, prompts[1]], params)]
     assert alone == expected
     assert batched == [*expected, expected[1]]
+    assert llm.stats().num_preemptions > 0  # 16 blocks of 4 tokens hold one request at a time
 
 
 def test_lora_on_qwen3_equals_peft_merged(
