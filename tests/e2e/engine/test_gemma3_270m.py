@@ -1,7 +1,7 @@
-"""gemma3-270m end to end, served natively on its Q4_K/Q6_K/Q5_0/Q8_0 blocks: greedy completions through
-the HTTP server equal transformers' Gemma 3 on the same weights (the GGUF dequantized by gguf,
-runner.gguf_source), for 10 prompts of different lengths; perplexity on tests/data/perplexity.txt
-within 1 % of transformers'."""
+"""gemma3-270m end to end, served natively on its Q4_K / Q6_K / Q5_0 / Q8_0 blocks: greedy
+completions through the HTTP server equal transformers' Gemma 3 on the same weights (the GGUF
+dequantized by gguf, runner.gguf_source), for 10 prompts of different lengths; perplexity on
+tests/data/perplexity.txt within 1 % of transformers'."""
 
 from __future__ import annotations
 

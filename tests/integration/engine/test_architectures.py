@@ -9,8 +9,8 @@ and loaded into our decoder and engine.
   alone and then all batched with a repeated prompt, through an engine with chunked prefill
   (16-token budget), prefix caching and n-gram speculation on, and KV blocks for about one
   request at a time, so that the batch is preempted and recomputed.
-Gemma 3's and the windowed Phi-3's prompts are longer than their sliding windows (8, 6). Qwen3-MoE and
-Mixtral run the same tests (runner.models.moe).
+Gemma 3's and the windowed Phi-3's prompts are longer than their sliding windows (8, 6).
+Qwen3-MoE and Mixtral run the same tests (runner.models.moe).
 """
 
 from __future__ import annotations
