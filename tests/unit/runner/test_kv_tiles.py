@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from modelyard.runner import kernels, kv_layout
 from modelyard.runner.kernel_config import KernelConfig
-from modelyard.runner.models import llama
+from modelyard.runner.models import rope
 
 pytestmark = [
     pytest.mark.unit,
@@ -100,7 +100,7 @@ def test_rope_store_writes_the_tile_layout() -> None:
     torch.manual_seed(4)
     nh, nkv, hd, bs, num_blocks = 9, 3, 64, 16, 6
     config = type("Config", (), {"rope_parameters": {"rope_theta": 10000.0}})()
-    cos, sin = llama._rotary_tables(config, hd, torch.bfloat16, 128)
+    cos, sin = rope.rotary_tables(config, "", hd, torch.bfloat16, 128)
     positions, slots = torch.tensor([0, 7, 63, 100]), torch.tensor([3, 17, 30, 81])
     qkv = torch.randn(4, (nh + 2 * nkv) * hd).bfloat16()
     shape = (nkv, num_blocks, bs, hd)

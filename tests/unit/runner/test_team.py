@@ -15,7 +15,7 @@ import torch
 
 from modelyard.engine.config import kernels_from_environment
 from modelyard.runner import kernels
-from modelyard.runner.models import llama
+from modelyard.runner.models import rope
 
 KERNELS = kernels_from_environment()  # the switches of this test run's environment
 
@@ -159,7 +159,7 @@ def _element_wise(dtype: torch.dtype) -> list[torch.Tensor]:
         out.append(kernels.silu_mul((torch.randn(37, 2 * 1536) * 4).bfloat16()))
     nh, nkv, hd = 9, 3, 64
     config = type("Config", (), {"rope_parameters": {"rope_theta": 10000.0}})()
-    cos, sin = llama._rotary_tables(config, hd, dtype, 64)
+    cos, sin = rope.rotary_tables(config, "", hd, dtype, 64)
     qkv = torch.randn(37, (nh + 2 * nkv) * hd).to(dtype)
     k_cache, v_cache = (
         torch.zeros(nkv, 10, 4, hd, dtype=dtype),
