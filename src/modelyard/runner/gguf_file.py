@@ -103,6 +103,13 @@ class _Cursor:
 class GGUFFile:
     """The header of a `.gguf` file; tensors are views on its memory map."""
 
+    def release_pages(self) -> None:
+        """Drop the map's pages from this process' resident set (MADV_DONTNEED on a read-only
+        file map: the views stay valid, the next access reads the page cache again). A loaded
+        model calls it once it has repacked the blocks it keeps, so only the embedding rows
+        that requests gather come back."""
+        self._map.madvise(mmap.MADV_DONTNEED)
+
     def __init__(self, path: Path) -> None:
         self.path = path
         with path.open("rb") as handle:

@@ -84,6 +84,9 @@ class GGUFSource:
             out = out[torch.from_numpy(unpermute_rows(out.shape[0], entry.heads))]
         return out - 1 if entry.minus_one else out
 
+    def release(self) -> None:
+        self.file.release_pages()
+
     def blocks(self, name: str) -> Blocks | None:
         entry = self._entries[name]
         kind = kind_of(entry.tensor.type.name)

@@ -122,8 +122,9 @@ class ModelRunner:
         with torch.inference_mode():
             if self.implementation == "native":
                 gguf = _gguf_source(self.resolved, model_config.gguf_blocks, kernels, lora)
+                source = weight_source(self.resolved, use_blocks=gguf is not None)
                 self._native = DecoderModel(
-                    weight_source(self.resolved, use_blocks=gguf is not None),
+                    source,
                     self.resolved.architecture,
                     config,
                     dtype=self.dtype,
@@ -133,6 +134,7 @@ class ModelRunner:
                     kernel_config=kernels,
                     lora=lora,
                 )
+                source.release()  # the file's pages the load read leave the resident set
             else:
                 self._generic = GenericModel(
                     self.resolved.path,

@@ -36,6 +36,11 @@ class WeightSource(Protocol):
         holds it as float (or in a block type without kernels)."""
         ...
 
+    def release(self) -> None:
+        """The model has taken what it keeps: pages the load read may leave the process'
+        resident set (blocks stay valid; a later read faults them back in)."""
+        ...
+
 
 class SafetensorsSource:
     """The *.safetensors files of a Hugging Face folder, read one tensor at a time."""
@@ -60,6 +65,9 @@ class SafetensorsSource:
 
     def blocks(self, name: str) -> Blocks | None:
         return None
+
+    def release(self) -> None:
+        return None  # nothing is mapped between reads
 
 
 def optional(source: WeightSource, name: str) -> torch.Tensor | None:

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType, quants
 
 from modelyard.cache_dir import cache_dir_from_environment
 from modelyard.runner.gguf_source import GGUFSource
-from modelyard.runner.gguf_weights import Q8_0
+from modelyard.runner.gguf_weights import Q8_0, kind_of
 from modelyard.runner.loader import ResolvedModel, resolve_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -76,5 +76,21 @@ def test_opening_reads_no_tensor_and_blocks_are_q8_0(resolved: ResolvedModel) ->
     assert blocks.kind == Q8_0
     dequantized = quants.dequantize(blocks.raw, GGMLQuantizationType.Q8_0)
     assert torch.equal(torch.from_numpy(dequantized), source.tensor(v))
-    assert source.blocks("model.layers.0.self_attn.q_proj.weight") is None  # Q5_0: no kernel yet
-    assert source.tensor("model.layers.0.mlp.down_proj.weight").shape == (640, 2048)  # Q6_K
+    for name, kind in [("self_attn.q_proj", "Q5_0"), ("mlp.down_proj", "Q6_K")]:
+        found = source.blocks(f"model.layers.0.{name}.weight")
+        assert found is not None
+        assert found.kind == kind_of(kind)
+    assert source.tensor("model.layers.0.mlp.down_proj.weight").shape == (640, 2048)
+
+
+def test_release_drops_the_read_pages_and_blocks_stay_valid(resolved: ResolvedModel) -> None:
+    assert resolved.gguf is not None
+    source = GGUFSource(resolved.gguf, resolved.config, use_blocks=True)
+    names = sorted(n for n in source.names() if source.blocks(n) is not None)
+    before = _rss_bytes()
+    sums = [int(source.blocks(n).raw.sum(dtype="uint64")) for n in names]  # type: ignore[union-attr]
+    read = _rss_bytes() - before
+    assert read > 200 * 1024**2  # every block was paged in (the file is 253 MB)
+    source.release()
+    assert _rss_bytes() - before < read / 4
+    assert sums[:3] == [int(source.blocks(n).raw.sum(dtype="uint64")) for n in names[:3]]  # type: ignore[union-attr]
