@@ -28,6 +28,39 @@ def peft_quiet() -> Iterator[None]:
         yield
 
 
+def float_base(source: str, cache_dir: str) -> Path:
+    """A float32 Hugging Face folder of model `source` (a GGUF file is kept in place by the
+    server; peft needs a folder): the weights read through the server's own weight source
+    (gguf's dequantization), saved once under `cache_dir`/test-float32/, with the tokenizer."""
+    import hashlib
+    import tempfile
+
+    from modelyard.runner.loader import resolve_model, weight_source
+    from modelyard.runner.models.hf_generic import model_from_source
+
+    resolved = resolve_model(source, cache_dir)
+    if resolved.gguf is None:
+        return resolved.path
+    digest = hashlib.sha256(str(resolved.path).encode()).hexdigest()[:12]
+    target = Path(cache_dir) / "test-float32" / f"{resolved.gguf.stem}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent))
+    model = model_from_source(
+        resolved.path, weight_source(resolved, use_blocks=False), torch.float32
+    )
+    model.save_pretrained(tmp)
+    for item in resolved.tokenizer_path.iterdir():
+        if item.is_file() and not (tmp / item.name).exists():
+            shutil.copy(item, tmp / item.name)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

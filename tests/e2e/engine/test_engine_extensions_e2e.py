@@ -53,10 +53,10 @@ def auth(tenant: str = "ops") -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from lora_helpers import make_adapter
-    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+    from lora_helpers import float_base, make_adapter
+    from modelyard.runner.loader import DEFAULT_MODEL
 
-    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
+    base = float_base(DEFAULT_MODEL, CACHE_DIR)
     root = tmp_path_factory.mktemp("e2e-adapters")
     return {
         name: make_adapter(base, root / name, seed=i, rank=4 + 4 * i, std=0.08)
@@ -207,10 +207,10 @@ def complete(server: ServerProcess, model: str, tenant: str = "ops") -> httpx.Re
 def merged_text(adapter: Path) -> str:
     from transformers import AutoTokenizer
 
-    from lora_helpers import MergedReference
-    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+    from lora_helpers import MergedReference, float_base
+    from modelyard.runner.loader import DEFAULT_MODEL
 
-    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
+    base = float_base(DEFAULT_MODEL, CACHE_DIR)
     tokenizer = AutoTokenizer.from_pretrained(base)
     ids = tokenizer.encode(PROMPT)
     tokens = MergedReference(base).greedy(adapter, ids, 10)
@@ -271,10 +271,10 @@ def test_adapters_through_the_openai_and_vllm_apis(
 def test_malformed_adapters_are_400s_on_a_connection_that_serves_on(
     server: ServerProcess, adapters: dict[str, Path], tmp_path: Path
 ) -> None:
-    from lora_helpers import MALFORMED, malformed_adapters, tiny_llama
-    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+    from lora_helpers import MALFORMED, float_base, malformed_adapters, tiny_llama
+    from modelyard.runner.loader import DEFAULT_MODEL
 
-    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
+    base = float_base(DEFAULT_MODEL, CACHE_DIR)
     other_base = tiny_llama(tmp_path / "other-base", hidden=48)
     cases = malformed_adapters(base, adapters["finance"], tmp_path, other_base=other_base)
     load = f"{server.url}/v1/load_lora_adapter"

@@ -146,10 +146,10 @@ def test_request_id_is_carried_to_the_replica(cluster: RayCluster, ray_serve: Ra
 
 @pytest.fixture(scope="module")
 def adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lora_helpers import make_adapter
-    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+    from lora_helpers import float_base, make_adapter
+    from modelyard.runner.loader import DEFAULT_MODEL
 
-    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
+    base = float_base(DEFAULT_MODEL, CACHE_DIR)
     return make_adapter(base, tmp_path_factory.mktemp("ray-adapter") / "finance", seed=3, rank=4)
 
 
@@ -157,10 +157,10 @@ def _merged_text(adapter: Path, prompt: str, max_tokens: int) -> str:
     """What peft's merged model (W + s B A) generates greedily."""
     from transformers import AutoTokenizer
 
-    from lora_helpers import MergedReference
-    from modelyard.runner.loader import DEFAULT_MODEL, resolve_model
+    from lora_helpers import MergedReference, float_base
+    from modelyard.runner.loader import DEFAULT_MODEL
 
-    base = resolve_model(DEFAULT_MODEL, CACHE_DIR).path
+    base = float_base(DEFAULT_MODEL, CACHE_DIR)
     tokenizer = AutoTokenizer.from_pretrained(base)
     tokens = MergedReference(base).greedy(adapter, tokenizer.encode(prompt), max_tokens)
     return str(tokenizer.decode(tokens, skip_special_tokens=True))
