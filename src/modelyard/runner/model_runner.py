@@ -123,6 +123,8 @@ class ModelRunner:
             if self.implementation == "native":
                 gguf = _gguf_source(self.resolved, model_config.gguf_blocks, kernels, lora)
                 source = weight_source(self.resolved, use_blocks=gguf is not None)
+                if gguf is not None:
+                    log.info("linear layers on the quantized blocks of %s", gguf.name)
                 self._native = DecoderModel(
                     source,
                     self.resolved.architecture,
