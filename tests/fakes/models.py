@@ -173,7 +173,10 @@ class FakeProvider(FakeProviderBase):
 
     def describe(self) -> dict[str, Any]:
         return {
-            "available_models": [{"id": k} for k in self.models],
+            "available_models": [
+                {"id": k, "capabilities": m.capabilities.listed(chat=True)}
+                for k, m in self.models.items()
+            ],
             "loaded_models": [],
             "adapters": self.adapter_table.describe(),
         }

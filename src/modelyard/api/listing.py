@@ -2,7 +2,8 @@
 
 A tenant sees exactly the catalog models its allow-list lets it call (an entry names a model by
 any of its names: gateway/model_names.py; /v1/models also lists the route names and LoRA adapters
-it may call) and, of each, what it is and whether it is loaded: never
+it may call) and, of each, what it is, what an LLM serves (`capabilities`: chat, tools,
+structured output; docs/agents.md) and whether it is loaded: never
 worker process ids, memory figures, the memory budget or load errors. An admin (or anyone when
 auth is off) sees everything the manager reports.
 
@@ -20,7 +21,17 @@ from starlette.requests import Request
 from modelyard.gateway.request_path import RequestPath, principal_of, provider_of
 
 #: Per-model fields a tenant may see (the rest is for admins).
-_PUBLIC_FIELDS = ("id", "name", "aliases", "kind", "backend", "version", "description", "state")
+_PUBLIC_FIELDS = (
+    "id",
+    "name",
+    "aliases",
+    "kind",
+    "backend",
+    "version",
+    "description",
+    "state",
+    "capabilities",
+)
 
 
 def may_call(request: Request, name: str) -> bool:
@@ -39,13 +50,14 @@ def visible_catalog(request: Request) -> tuple[list[dict[str, Any]], dict[str, A
     return models, described, principal_of(request).is_admin
 
 
-def visible_model_names(request: Request) -> list[str]:
-    """Catalog ids, then route names, that the caller may use (for /v1/models)."""
+def visible_model_names(request: Request) -> dict[str, dict[str, bool] | None]:
+    """Catalog ids, then route names, that the caller may use (for /v1/models), each with its
+    LLM `capabilities` (None for a route or a model that is no LLM)."""
     models, _, _ = visible_catalog(request)
-    names = [str(m["id"]) for m in models]
+    names: dict[str, dict[str, bool] | None] = {str(m["id"]): m.get("capabilities") for m in models}
     for route in request.app.state.router.route_names():
         if route not in names and may_call(request, route):
-            names.append(route)
+            names[route] = None
     return names
 
 

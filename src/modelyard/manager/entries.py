@@ -7,9 +7,10 @@ import enum
 import time
 from typing import Any
 
+from modelyard.engine.client.protocol import LOCAL_ENGINE_CAPABILITIES
 from modelyard.manager.base import ModelLoadError
 from modelyard.manager.loaders import LLMModel, LoadedModel
-from modelyard.model_spec import ModelSpec
+from modelyard.model_spec import ModelKind, ModelSpec
 
 
 class State(enum.StrEnum):
@@ -74,8 +75,10 @@ class Entry:
         return model
 
     def describe_spec(self) -> dict[str, Any]:
+        """The catalog entry and its state; an LLM's also its `capabilities`, which every local
+        engine serves (EngineCapabilities.listed), so they are known before it loads."""
         spec = self.spec
-        return {
+        described = {
             "id": spec.id,
             "name": spec.name,
             "aliases": list(spec.aliases),
@@ -87,6 +90,10 @@ class Entry:
             "state": str(self.state),
             "last_error": self.last_error,
         }
+        if spec.kind.is_llm:
+            chat = spec.kind is ModelKind.CHAT
+            described["capabilities"] = LOCAL_ENGINE_CAPABILITIES.listed(chat=chat)
+        return described
 
     def describe_loaded(self) -> dict[str, Any]:
         info: dict[str, Any] = {

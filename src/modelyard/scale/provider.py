@@ -170,7 +170,8 @@ class RayProvider:
 
 
 def _describe_spec(spec: ModelSpec, state: str) -> dict[str, Any]:
-    return {
+    """As the local manager lists an entry; an LLM's `capabilities` are its deployment's."""
+    described: dict[str, Any] = {
         "id": spec.id,
         "name": spec.name,
         "aliases": list(spec.aliases),
@@ -182,6 +183,10 @@ def _describe_spec(spec: ModelSpec, state: str) -> dict[str, Any]:
         "state": state,
         "last_error": None,
     }
+    if spec.kind.is_llm:
+        chat = spec.kind is ModelKind.CHAT
+        described["capabilities"] = RayLLMClient.capabilities.listed(chat=chat)
+    return described
 
 
 def _conforms(provider: RayProvider) -> ModelProvider:

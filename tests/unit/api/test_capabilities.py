@@ -1,7 +1,7 @@
 """Optional engine features are declared (`EngineCapabilities`), and a route on a model whose
 engine lacks one answers a 400 in the OpenAI envelope naming the feature: a LoRA adapter on an
 engine without LoRA, a pin on an engine without pins (and on an adapter: pins hold the base's
-KV)."""
+KV). The model listings say what each LLM's engine serves (`capabilities`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     plain = FakeLLM(name="plain", capabilities=EngineCapabilities())  # neither LoRA nor pins
-    provider = FakeProvider({"plain": plain, "lora": FakeLLM(name="lora")})
+    full = EngineCapabilities(lora=True, structured_output=True, tools=True)
+    provider = FakeProvider({"plain": plain, "lora": FakeLLM(name="lora", capabilities=full)})
     provider.add_adapter("on-plain", "plain", "/adapters/a")
     provider.add_adapter("on-lora", "lora", "/adapters/b")
     async with make_client(build_app(provider, ModelyardConfig())) as c:
@@ -75,3 +76,21 @@ async def test_loading_an_adapter_where_no_model_serves_lora_is_a_400(
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "unsupported_feature"
     assert "serves LoRA adapters" in response.json()["error"]["message"]
+
+
+async def test_v1_models_lists_each_llm_s_capabilities(client: httpx.AsyncClient) -> None:
+    """Each entry's `capabilities` are its engine's (an adapter's: its base's); the OpenAI
+    fields stay as they are."""
+    data = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+    none = {"chat": True, "tools": False, "structured_output": False}
+    assert data["plain"]["capabilities"] == none
+    assert data["on-plain"]["capabilities"] == none
+    assert data["on-plain"]["parent"] == "plain"
+    full = {"chat": True, "tools": True, "structured_output": True}
+    assert data["lora"]["capabilities"] == data["on-lora"]["capabilities"] == full
+    assert {k: data["lora"][k] for k in ("object", "owned_by")} == {
+        "object": "model",
+        "owned_by": "modelyard",
+    }
+    models = (await client.get("/models")).json()["models"]
+    assert {m["id"]: m["capabilities"] for m in models}["plain"] == none

@@ -111,24 +111,25 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     """OpenAI model list: the catalog ids and route names the caller may use, then the LoRA
-    adapters it may use, each with its base model as `parent` (as vLLM lists them)."""
+    adapters it may use, each with its base model as `parent` (as vLLM lists them). An LLM's
+    entry (an adapter's: its base's) also has `capabilities` (listing.py)."""
     created = int(request.app.state.started_at)
-    data = [
-        {"id": model_id, "object": "model", "created": created, "owned_by": "modelyard"}
-        for model_id in visible_model_names(request)
-    ]
+    names = visible_model_names(request)
+    data = [_model_entry(name, created, capabilities) for name, capabilities in names.items()]
     data += [
-        {
-            "id": adapter.name,
-            "object": "model",
-            "created": created,
-            "owned_by": "modelyard",
-            "parent": adapter.base,
-        }
-        for adapter in provider_of(request).adapters()
-        if may_call(request, adapter.name)
+        {**_model_entry(a.name, created, names.get(a.base)), "parent": a.base}
+        for a in provider_of(request).adapters()
+        if may_call(request, a.name)
     ]
     return {"object": "list", "data": data}
+
+
+def _model_entry(name: str, created: int, capabilities: dict[str, bool] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": name, "object": "model", "created": created}
+    entry["owned_by"] = "modelyard"
+    if capabilities is not None:
+        entry["capabilities"] = capabilities
+    return entry
 
 
 async def serve_openai(

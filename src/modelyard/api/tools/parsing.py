@@ -41,7 +41,8 @@ def tool_calling(offer: ToolOffer, tokenizer: Tokenizer) -> ToolCalling:
         tool_format = ToolFormat.HERMES
     else:
         tool_format = tool_format_of(chat_template_of(tokenizer))
-    return ToolCalling(parser_for(tool_format), offer.parallel, named=offer.named is not None)
+    named = offer.named is not None
+    return ToolCalling(parser_for(tool_format), offer.parallel, named=named, forced=offer.required)
 
 
 def call_body(call: ParsedCall) -> dict[str, Any]:
@@ -60,6 +61,9 @@ class ToolCalling:
     parser: ToolParser
     parallel: bool = True  # parallel_tool_calls: false keeps the first call only
     named: bool = False  # tool_choice named a function: finish_reason stays "stop" (OpenAI)
+    # the grammar forced calls (required or named): the output is nothing but calls, so text
+    # beside the complete ones is an unfinished call cut by max_tokens, never content
+    forced: bool = False
 
     def parse(self, text: str, *, final: bool) -> ParsedOutput:
         parsed = self.parser.parse(text, final=final)
@@ -73,7 +77,8 @@ class ToolCalling:
         if not parsed.calls:
             return {"role": "assistant", "content": text}
         calls = [call_body(c) for c in parsed.calls]
-        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}
+        content = None if self.forced else parsed.content or None
+        return {"role": "assistant", "content": content, "tool_calls": calls}
 
     def finish_reason(self, reason: str | None, called: bool) -> str | None:
         """ "tool_calls" for a completion that stopped after calling tools (not for a named
@@ -123,6 +128,8 @@ class ToolCallStream:
             return StreamPiece(self._content_to(len(self.text)), [])
         said = "".join(self.content_sent).strip()
         rest = parsed.content[len(said) :] if parsed.content.startswith(said) else ""
+        if self.calling.forced:
+            rest = ""
         self.sent = len(self.text)
         return StreamPiece(rest, self._calls(parsed))
 

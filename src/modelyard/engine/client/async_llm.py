@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -36,6 +37,7 @@ from modelyard.engine.client.output_processor import (
 )
 from modelyard.engine.client.prefixes import EnginePrefixes, PrefixRegistry
 from modelyard.engine.client.protocol import (
+    LOCAL_ENGINE_CAPABILITIES,
     ChatMessageDict,
     EngineCapabilities,
     EngineDeadError,
@@ -67,9 +69,7 @@ class AsyncLLM:
         """Wrap a ready client; `start` is the usual way in (it declares the capabilities the
         engine config gives: LoRA, speculation; pins, structured output and tools always)."""
         admission = admission or AdmissionConfig()
-        self._capabilities = capabilities or EngineCapabilities(
-            pins=True, structured_output=True, tools=True
-        )
+        self._capabilities = capabilities or LOCAL_ENGINE_CAPABILITIES
         self._client = client
         self._tokenizer = tokenizer
         self._model_name = model_name
@@ -110,12 +110,10 @@ class AsyncLLM:
             tokenizer,
             model_name=model_name,
             admission=config.admission,
-            capabilities=EngineCapabilities(
+            capabilities=dataclasses.replace(
+                LOCAL_ENGINE_CAPABILITIES,
                 lora=config.lora is not None,
-                pins=True,
                 speculation=config.speculative is not None,
-                structured_output=True,
-                tools=True,
             ),
         )
 

@@ -97,6 +97,21 @@ class EngineCapabilities:
     structured_output: bool = False  # output constraints (SamplingParams.constraint)
     tools: bool = False  # renders `tools` into chat prompts (apply_chat_template(tools=...))
 
+    def listed(self, *, chat: bool) -> dict[str, bool]:
+        """The `capabilities` that /models and /v1/models list for an LLM whose engine serves
+        these: `chat` (it has a chat template: /v1/chat/completions), `tools` (tool calling,
+        which needs chat) and `structured_output` (`response_format`; forced tool calls)."""
+        return {
+            "chat": chat,
+            "tools": chat and self.tools,
+            "structured_output": self.structured_output,
+        }
+
+
+#: What a local engine (`AsyncLLM`) always serves, whatever its config (LoRA and speculation
+#: are added from the config): known before the model loads, so the listing can say it.
+LOCAL_ENGINE_CAPABILITIES = EngineCapabilities(pins=True, structured_output=True, tools=True)
+
 
 class LLMClient(Protocol):
     """An LLM engine seen from the API process. Optional features are declared in

@@ -138,3 +138,19 @@ def test_finish_reason_is_tool_calls_unless_a_function_was_named() -> None:
     assert auto.finish_reason("stop", called=False) == "stop"
     assert auto.finish_reason("length", called=True) == "length"
     assert named.finish_reason("stop", called=True) == "stop"
+
+
+def test_forced_calls_cut_by_max_tokens_leave_no_content() -> None:
+    """A forced output is only calls: an unfinished one after a complete one (max_tokens) is
+    dropped, not sent as content (auto mode keeps it: a model may write anything)."""
+    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    cut += '\n<tool_call>\n{"name": "get_ti'
+    forced = ToolCalling(parser_for(ToolFormat.HERMES), forced=True)
+    message = forced.message(cut)
+    assert (message["content"], len(message["tool_calls"])) == (None, 1)
+    assert assemble(forced, [cut[:30], cut[30:]]) == (
+        "",
+        [{"name": "get_weather", "arguments": WEATHER.arguments}],
+    )
+    auto = ToolCalling(parser_for(ToolFormat.HERMES)).message(cut)
+    assert auto["content"] == '<tool_call>\n{"name": "get_ti'
