@@ -79,6 +79,14 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
+def _text_config(request: ResponsesRequest) -> dict[str, Any]:
+    """The request's `text`, as OpenAI echoes it (only `type` for text and json_object)."""
+    fmt = request.text.format if request.text is not None else None
+    if fmt is None or fmt.type != "json_schema":
+        return {"format": {"type": fmt.type if fmt is not None else "text"}}
+    return {"format": fmt.model_dump(by_alias=True, exclude_none=True)}
+
+
 class ResponseDraft:
     """One response's fixed fields; `body` builds the object around its output."""
 
@@ -96,9 +104,7 @@ class ResponseDraft:
             "store": request.store,
             "temperature": 1.0 if request.temperature is None else request.temperature,
             "top_p": 1.0 if request.top_p is None else request.top_p,
-            "text": (request.text.model_dump(by_alias=True, exclude_none=True))
-            if request.text is not None
-            else {"format": {"type": "text"}},
+            "text": _text_config(request),
             "tool_choice": choice.model_dump()
             if choice is not None and not isinstance(choice, str)
             else (choice or "auto"),

@@ -65,6 +65,19 @@ async def test_text_response_and_get_of_the_stored_one(sdk: openai.AsyncOpenAI) 
     assert stored.model_dump() == response.model_dump()
 
 
+async def test_store_false_keeps_nothing_and_text_format_comes_back(
+    sdk: openai.AsyncOpenAI, tool_llm: FakeLLM
+) -> None:
+    fmt: Any = {"type": "json_schema", "name": "c", "schema": {"type": "object"}}
+    response = await sdk.responses.create(model="m", input="x", store=False, text={"format": fmt})
+    assert tool_llm.calls[-1].params.constraint is not None  # the schema constrains the output
+    assert response.text is not None
+    echoed = response.text.model_dump(exclude_none=True, by_alias=True)["format"]
+    assert echoed == fmt
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.retrieve(response.id)
+
+
 async def test_cut_at_max_output_tokens_is_incomplete(sdk: openai.AsyncOpenAI) -> None:
     response = await sdk.responses.create(model="plain", input="Hi", max_output_tokens=5)
     assert response.status == "incomplete"
