@@ -9,13 +9,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from api_helpers import make_client, path_app
 
 from fakes.llm import FakeLLM
-from fakes.models import FakeProvider
+from fakes.models import CatalogProvider, FakeProvider, MemoryKeys
 from modelyard.api.app import build_app
 from modelyard.api.responses_store import ResponseStore
 from modelyard.config import ModelyardConfig
 from modelyard.engine.client.protocol import EngineCapabilities
+from modelyard.model_spec import ModelKind, ModelSpec
 
 pytestmark = pytest.mark.unit
 
@@ -138,6 +140,17 @@ async def test_streamed_calls_match_the_whole_response(sdk: openai.AsyncOpenAI) 
     assert completed.response.output_text.strip() == "Checking."
 
 
+async def test_a_failure_mid_stream_is_an_error_event(
+    sdk: openai.AsyncOpenAI, tool_llm: FakeLLM
+) -> None:
+    tool_llm.fail_after = 3
+    stream = await sdk.responses.create(model="m", input="x", stream=True)
+    events = [event async for event in stream]
+    assert events[-1].type == "error"
+    assert "engine exploded" in events[-1].message
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
@@ -176,3 +189,21 @@ def test_store_is_per_tenant_bounded_and_expires() -> None:
     assert store.get("b", "r2") is None  # another tenant's
     now[0] = 11.0
     assert store.get("a", "r2") is None  # expired
+
+
+async def test_a_stored_response_is_its_tenants_only_and_the_allow_list_holds() -> None:
+    specs = [ModelSpec(id=n, kind=ModelKind.CHAT, backend="llm") for n in ("m", "other")]
+    provider, keys = CatalogProvider(specs), MemoryKeys()
+    provider.models.update({"m": FakeLLM(name="m", max_len=256), "other": FakeLLM(name="other")})
+    acme, beta = keys.bearer("acme", models=("m",)), keys.bearer("beta", models=("m",))
+    async with make_client(path_app(provider, keys, {})) as client:
+        r = await client.post("/v1/responses", json={"model": "m", "input": "hi"}, headers=acme)
+        assert r.status_code == 200, r.text
+        response_id = r.json()["id"]
+        assert (await client.get(f"/v1/responses/{response_id}", headers=acme)).status_code == 200
+        assert (await client.get(f"/v1/responses/{response_id}", headers=beta)).status_code == 404
+        follow = {"model": "m", "input": "more", "previous_response_id": response_id}
+        r = await client.post("/v1/responses", json=follow, headers=beta)
+        assert r.status_code == 404
+        r = await client.post("/v1/responses", json={"model": "other", "input": "x"}, headers=acme)
+        assert r.status_code == 403  # the request path's allow-list
