@@ -82,6 +82,9 @@ class ServerConfig:
     debug_endpoints: bool = True  # GET /debug/engine_stats (admins, or anyone when auth is off)
     # POST /v1/load_lora_adapter accepts only folders under it (symlinks, `..` resolved); None: any
     lora_root: str | None = None
+    # POST /v1/responses with store: true keeps each response this long, per tenant
+    responses_ttl_s: float = setting(3600.0, gt=0)
+    responses_max_stored: int = setting(1000, ge=1)  # per tenant; the oldest goes first
     textbook: TextbookConfig = setting(factory=TextbookConfig)
 
     def __post_init__(self) -> None:

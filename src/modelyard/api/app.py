@@ -16,6 +16,7 @@ app = build_app(provider, config, router=None, startup=manager.start)
 
 `app.state` holds `provider`, `router`, `request_path`, `config`, `ready`, `startup_error`,
 `started_at`, `vllm`, `prefixes` (the pinned prefixes' directory, api/routes/prefixes.py),
+`responses` (stored responses of /v1/responses, api/responses_store.py),
 `kernels` (the runner's kernels as `startup` found them, a KernelState; None until then).
 Every route depends on `admit_request` (one request and one concurrency slot for routes that
 run no model; model routes are admitted by the request path after routing).
@@ -34,6 +35,7 @@ from fastapi import Depends, FastAPI
 from modelyard.api.errors import install_exception_handlers
 from modelyard.api.middleware import build_middleware_stack
 from modelyard.api.openapi import install_openapi
+from modelyard.api.responses_store import ResponseStore
 from modelyard.api.routes import (
     embeddings,
     health,
@@ -42,6 +44,7 @@ from modelyard.api.routes import (
     openai,
     predict,
     prefixes,
+    responses,
     textbook,
     vllm_compat,
 )
@@ -111,8 +114,22 @@ def build_app(
     app.state.started_at = time.time()
     app.state.vllm = vllm if vllm is not None else make_vllm_backend(config.server.textbook)
     app.state.prefixes = prefixes.PrefixDirectory()
+    app.state.responses = ResponseStore(
+        config.server.responses_ttl_s, config.server.responses_max_stored
+    )
     install_exception_handlers(app)
-    routes = (health, openai, textbook, vllm_compat, kserve, predict, embeddings, prefixes, lora)
+    routes = (
+        health,
+        openai,
+        responses,
+        textbook,
+        vllm_compat,
+        kserve,
+        predict,
+        embeddings,
+        prefixes,
+        lora,
+    )
     for module in routes:
         app.include_router(module.router)
     app.include_router(gateway_admin.router)

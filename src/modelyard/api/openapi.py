@@ -147,12 +147,12 @@ _PREDICT_FORM = {
 }
 #: Operations that run a model (generation, inference, pinning a prefix): POSTs to these paths.
 _RUNS_A_MODEL = re.compile(
-    r"^(/v1/(chat/completions|completions|embeddings|prefixes)|/basic_generate|/generate|"
+    r"^(/v1/(chat/completions|completions|responses|embeddings|prefixes)|/basic_generate|/generate|"
     r"/generate_stream|/predict|/v2/models/\{name\}(/versions/\{version\})?/infer)$"
 )
 #: Operations that name a model (in the body, the path or the query).
 _NAMES_A_MODEL = re.compile(r"^(/v2/models/|/v2/repository/models/|/debug/engine_stats$)")
-_STREAMS = {"/v1/chat/completions", "/v1/completions", "/generate_stream"}
+_STREAMS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate_stream"}
 _OWN_BODIES: dict[tuple[str, str, int], dict[str, Any]] = {
     ("get", "/ready", 200): _STATUS_BODY,
     ("get", "/ready", 503): _STATUS_BODY,
@@ -173,6 +173,8 @@ _EXTRA_STATUSES = {
     ("get", "/v2/models/{name}/versions/{version}"): {400},
     ("post", "/v1/prefixes"): {507},  # the pin budget is full
     ("get", "/v1/prefixes/{prefix_id}"): {404},
+    ("post", "/v1/responses"): {404},  # an unknown previous_response_id
+    ("get", "/v1/responses/{response_id}"): {404},
     ("delete", "/v1/prefixes/{prefix_id}"): {404},
     # no agent index (404); or the status of one of the agent's own model calls
     ("post", "/v1/agent/ask"): {404, 500, 504, 507},

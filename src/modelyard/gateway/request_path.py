@@ -1,9 +1,9 @@
 """The one request path of every route that runs a model.
 
-The model routes (/v1/chat/completions, /v1/completions, /v1/embeddings, /basic_generate,
-/generate, /generate_stream, /predict, /v2/models/{name}[/versions/{v}]/infer) describe their
-request as a `Demand` and call `RequestPath.open_llm` or `RequestPath.predict`; no route resolves,
-authorizes or leases a model itself. In order:
+The model routes (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings,
+/basic_generate, /generate, /generate_stream, /predict, /v2/models/{name}[/versions/{v}]/infer)
+describe their request as a `Demand` and call `RequestPath.open_llm` or `RequestPath.predict`;
+no route resolves, authorizes or leases a model itself. In order:
 
 1. **authenticate** (at the edge, for every path but the open ones: gateway/middleware.py):
    credentials -> `Identity` (principal + quota) -> 401 without valid ones. It puts a `Ticket`

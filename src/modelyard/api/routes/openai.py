@@ -55,8 +55,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     tools = offer.tools if offer is not None else None
 
     async def build(llm: LLMClient) -> list[Prompt]:
-        if tools and not llm.capabilities.tools:
-            raise MissingCapabilityError(llm.model_name, "tools")
         head: list[int] = []
         full = messages
         if body.prefix_id is not None:
@@ -65,9 +63,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 full = [*pinned.messages, *messages]
             else:
                 head = pinned.token_ids
-        if sum(len(m["content"]) for m in full) > _INLINE_TEMPLATE_CHARS or tools:
-            return [head + await asyncio.to_thread(llm.apply_chat_template, full, tools)]
-        return [head + llm.apply_chat_template(full)]
+        return [head + await chat_prompt(llm, full, tools)]
 
     return await serve_openai(
         request,
@@ -80,6 +76,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         chat=True,
         tools=offer,
     )
+
+
+async def chat_prompt(
+    llm: LLMClient, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
+    """The prompt of a conversation through the model's chat template (long ones or ones with
+    tools rendered off the event loop); MissingCapabilityError when tools meet a model
+    without them."""
+    if tools and not llm.capabilities.tools:
+        raise MissingCapabilityError(llm.model_name, "tools")
+    if sum(len(m["content"] or "") for m in messages) > _INLINE_TEMPLATE_CHARS or tools:
+        return await asyncio.to_thread(llm.apply_chat_template, messages, tools)
+    return llm.apply_chat_template(messages)
 
 
 @router.post("/v1/completions", response_model=None)
