@@ -99,6 +99,7 @@ async def test_call_then_second_turn_with_previous_response_id(
     )
     assert tool_llm.calls[-1].params.constraint is not None  # required: the forcing grammar
     [call] = [item for item in first.output if item.type == "function_call"]
+    assert [item.type for item in first.output] == ["function_call"]
     assert call.id.startswith("fc_")
     assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
     assert first.tools[0].type == "function"
@@ -110,7 +111,7 @@ async def test_call_then_second_turn_with_previous_response_id(
     assert second.previous_response_id == first.id
     messages = tool_llm.rendered[-1][0]
     assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
-    assert messages[1]["content"] == "Checking."
+    assert not messages[1]["content"]  # a forced output is calls only: the text is dropped
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": call.call_id}
 
