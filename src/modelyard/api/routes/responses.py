@@ -29,9 +29,8 @@ from modelyard.api.responses_format import (
 )
 from modelyard.api.responses_protocol import ResponsesRequest, responses_params
 from modelyard.api.responses_store import ResponseStore
-from modelyard.api.routes.openai import chat_prompt, collect_choices
+from modelyard.api.routes.openai import chat_prompt, collect_choices, prepared_chat
 from modelyard.api.streaming import sse_response
-from modelyard.api.structured import check_constraint
 from modelyard.api.tools.parsing import tool_calling
 from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
@@ -74,10 +73,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         items = [*previous.conversation(), *items]
     with responses_params():
         chat = body.to_chat(items)
-        offer = chat.checked_tool_offer()
-        params = chat.to_sampling_params()
-        await check_constraint(chat.requested_constraint())
-    messages = [m.as_template_message() for m in chat.messages]
+        offer, params, messages = await prepared_chat(chat)
     tools = offer.tools if offer is not None else None
 
     async def build(llm: LLMClient) -> list[Prompt]:
