@@ -6,6 +6,9 @@ It offers what `AsyncLLM` offers the routes, so they need no Ray branch:
   router picks (ray_router.py); with `lora` the call carries the adapter and the replica's
   engine loads it on first use (the router keys an adapter's requests by the adapter, so they
   go where its weights already are);
+- structured output: the call's `SamplingParams.constraint` (a picklable msgspec value, already
+  compiled once without a tokenizer by the route for its 400s) rides in the `LLMCall`; the
+  replica's engine compiles it against its tokenizer and masks every step, as in local mode;
 - `drop_loras` broadcasts the drop to every replica (an adapter may be loaded in several);
 - `prefixes` pins, lists and releases prefixes through the same `EnginePrefixes` as local mode,
   over `RayPinTransport` (pins.py): a pin goes to the replica the router sends its prefix to.
@@ -34,10 +37,10 @@ from modelyard.scale.pins import RayPinTransport
 
 
 class RayLLMClient:
-    """`LLMClient` over an LLM deployment (see the module docstring): LoRA and pins, as local
-    mode serves them."""
+    """`LLMClient` over an LLM deployment (see the module docstring): LoRA, pins, tools and
+    structured output, as local mode serves them."""
 
-    capabilities = EngineCapabilities(lora=True, pins=True, tools=True)
+    capabilities = EngineCapabilities(lora=True, pins=True, structured_output=True, tools=True)
 
     def __init__(self, handle: Any, info: LLMReplicaInfo) -> None:
         self._plain = handle

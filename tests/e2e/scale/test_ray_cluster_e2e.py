@@ -3,7 +3,7 @@ through Serve's proxy and the ingress, two replicas of the chat model (one per n
 models multiplexed, prefix affinity, metrics from every replica, a LoRA adapter loaded at run time
 (answering what peft's merged model answers) and a pinned prefix, autoscaling 1 -> 2 -> 1 (a
 second chat deployment), and faults: an engine worker and a replica killed mid-load, a node
-leaving.
+leaving. Structured output: a json_schema answer and a forced tool call validate.
 
 The tests run in file order and share one cluster and one app; the last ones change them (kills,
 node leaves).
@@ -12,6 +12,7 @@ node leaves).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import psutil
 import pytest
@@ -42,6 +44,13 @@ SYSTEMS = [
     " ".join(f"Rule {i}.{j}: answer {topic} questions briefly and politely." for j in range(8))
     for i, topic in enumerate(["math", "history", "cooking", "travel"])
 ]
+#: the schema of the structured answer and of the forced tool call's arguments
+PLACE = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 16}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 def chat(url: str, system: str, question: str, **extra: Any) -> httpx.Response:
@@ -76,6 +85,29 @@ def test_openai_client_through_the_ingress(ray_serve: RayServe) -> None:
     listed = {m.id for m in client.models.list().data}
     assert {E2E_MODEL, "all-minilm-l6-v2", "minilm-zero-shot"} <= listed
     assert len(replica_processes(LLM)) == 2
+    _check_structured_output(client)
+
+
+def _check_structured_output(client: openai.OpenAI) -> None:
+    """A json_schema answer and a forced tool call, constrained in a replica's engine."""
+    question: Any = [{"role": "user", "content": "Where is the Eiffel Tower?"}]
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "place", "schema": PLACE}}
+    answer = client.chat.completions.create(
+        model="smollm2", messages=question, response_format=fmt, max_tokens=40, temperature=0
+    )
+    jsonschema.validate(json.loads(answer.choices[0].message.content or ""), PLACE)
+    tool: Any = {"type": "function", "function": {"name": "locate", "parameters": PLACE}}
+    forced = client.chat.completions.create(
+        model="smollm2",
+        messages=question,
+        tools=[tool],
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+    )
+    calls = forced.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == ["locate"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), PLACE)
 
 
 def test_non_llm_models_through_predict_and_v2(ray_serve: RayServe) -> None:

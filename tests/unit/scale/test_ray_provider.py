@@ -4,6 +4,7 @@ are made, listed, used and released on the replica the prefix router sends the p
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import AsyncIterator
 
 import httpx
@@ -15,6 +16,7 @@ from ray_fakes import BLOCK, FakeDeployment
 
 from modelyard.api.app import build_app
 from modelyard.config import ModelyardConfig
+from modelyard.engine import constraints
 from modelyard.manager.catalog import Catalog
 from modelyard.model_spec import ModelKind, ModelSpec
 from modelyard.scale.provider import RayProvider
@@ -110,3 +112,24 @@ async def test_a_cache_salt_reaches_the_replica_with_the_pin_and_the_request(
     assert (await client.post("/v1/completions", json=request)).status_code == 200
     assert deployment.routed[-1] == owner.name
     assert owner.calls[-1].params.cache_salt == salt  # the same salt: the pinned KV serves it
+
+
+async def test_a_constraint_reaches_the_replica_in_the_pickled_call(
+    client: httpx.AsyncClient, deployment: FakeDeployment
+) -> None:
+    """Structured output over Ray: the route checks the schema in the ingress, the call (as Ray
+    pickles it) carries the constraint the replica's engine compiles; the listing says so."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    body = {"model": "m", "prompt": "where?", "max_tokens": 1, "response_format": fmt}
+    answer = await client.post("/v1/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    call = deployment.replicas[deployment.routed[-1]].calls[-1]
+    assert call.params.constraint == constraints.json_schema(schema)
+    assert pickle.loads(pickle.dumps(call)) == call
+    bad = {**body, "response_format": {**fmt, "json_schema": {"schema": {"type": "nope"}}}}
+    refused = await client.post("/v1/completions", json=bad)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "response_format"
+    listed = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+    assert listed["m"]["capabilities"]["structured_output"] is True
