@@ -1,9 +1,9 @@
 """The web console in a real headless chromium against a real `modelyard serve` on the default
 catalog: the dashboard shows the loaded models and live metrics that move with traffic, the
-memory each model holds and the pinned prefixes; the chat streams tokens into the page, an
-uploaded photo gets its label, the embeddings matrix matches the API's vectors, and the agent
-box shows the knowledge agent's answer beside the chunks it retrieved. Screenshots land in
-test-artifacts/console/.
+memory each model holds and the pinned prefixes; the chat streams tokens into the page, answers
+to a JSON schema and shows a forced tool call, an uploaded photo gets its label, the embeddings
+matrix matches the API's vectors, and the agent box shows the knowledge agent's answer beside
+the chunks it retrieved. Screenshots land in test-artifacts/console/.
 
 One server and one browser for the module; every wait is bounded.
 """
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import numpy as np
 import pytest
 import skimage
@@ -32,6 +33,7 @@ from console_browser import (
 from e2e_server import ServerProcess, stop_server
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
 pytestmark = [
@@ -45,6 +47,20 @@ CHAT_MODEL = "smollm2-135m-instruct"
 IMAGE_MODEL = "efficientnet-lite0"
 EMBEDDING_MODEL = "all-minilm-l6-v2"
 CHELSEA = Path(skimage.__file__).parent / "data" / "chelsea.png"  # ships in the wheel
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather forecast of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 16}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +185,66 @@ def test_chat_streams_tokens_into_the_page(server: ServerProcess, browser: WebDr
     assert int(message.get_attribute("data-chunks") or 0) >= 5
     assert "completion tokens" in _text(browser, "#chat-stats")
     screenshot(browser, "chat")
+
+
+def _type_into(driver: WebDriver, element_id: str, text: str) -> None:
+    field = driver.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(text)
+
+
+def _send_and_wait(driver: WebDriver) -> WebElement:
+    """Click Send; the assistant message once it is done (or failed)."""
+    done = "#chat-log .msg.assistant[data-done]"
+    before = len(driver.find_elements(By.CSS_SELECTOR, done))
+    driver.find_element(By.ID, "chat-send").click()
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, done)) > before, 120, "the answer")
+    return driver.find_elements(By.CSS_SELECTOR, done)[-1]
+
+
+def test_chat_answers_to_a_schema_and_shows_a_tool_call(browser: WebDriver) -> None:
+    _open_panel(browser, "chat")
+    Select(browser.find_element(By.ID, "chat-model")).select_by_value(CHAT_MODEL)
+    browser.find_element(By.ID, "chat-clear").click()
+    for param, value in (("temperature", "0"), ("max_tokens", "48")):
+        field = browser.find_element(By.CSS_SELECTOR, f'#chat-params [data-param="{param}"]')
+        field.clear()
+        field.send_keys(value)
+    schema = browser.find_element(By.ID, "chat-schema")
+    wait(browser, lambda d: schema.is_enabled(), 10, "the schema box enabled for the chat model")
+    _type_into(browser, "chat-input", "Which city is the Eiffel Tower in?")
+    _type_into(browser, "chat-schema", '{"type": "object",')  # not JSON: shown, nothing sent
+    browser.find_element(By.ID, "chat-send").click()
+    assert "JSON schema: not valid JSON" in _text(browser, "#chat-status")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#chat-log .msg")
+    _type_into(browser, "chat-schema", '{"type": "nope"}')  # JSON, but the server's 400
+    assert _send_and_wait(browser).get_attribute("data-done") == "error"
+    assert "response_format" in _text(browser, "#chat-status")
+    assert script_errors(browser, allowed=("status of 400",)) == []
+
+    _type_into(browser, "chat-schema", json.dumps(CITY))
+    _type_into(browser, "chat-input", "Which city is the Eiffel Tower in?")
+    answer = _send_and_wait(browser)
+    assert answer.get_attribute("data-done") == "true"
+    content = answer.find_element(By.CSS_SELECTOR, ".content").get_attribute("textContent")
+    jsonschema.validate(json.loads(content or ""), CITY)
+
+    browser.find_element(By.ID, "chat-clear").click()
+    browser.find_element(By.ID, "chat-schema").clear()
+    _type_into(browser, "chat-tools", json.dumps([WEATHER_TOOL]))
+    Select(browser.find_element(By.ID, "chat-tool-choice")).select_by_value("required")
+    _type_into(browser, "chat-input", "What is the weather in Paris?")
+    answer = _send_and_wait(browser)
+    assert answer.get_attribute("data-done") == "true"
+    calls = answer.find_elements(By.CSS_SELECTOR, ".tool-call")
+    assert [c.get_attribute("data-name") for c in calls] == ["get_weather"]
+    badge = calls[0].find_element(By.CSS_SELECTOR, ".badge").get_attribute("textContent")
+    assert badge == "tool call"  # shown upper-case by the stylesheet
+    assert calls[0].find_element(By.CSS_SELECTOR, ".tool-name").text == "get_weather"
+    arguments = calls[0].find_element(By.CSS_SELECTOR, ".tool-args").get_attribute("textContent")
+    jsonschema.validate(json.loads(arguments or ""), WEATHER_TOOL["function"]["parameters"])
+    screenshot(browser, "chat-tool-call")
+    browser.find_element(By.ID, "chat-tools").clear()
 
 
 def test_image_upload_shows_its_label(server: ServerProcess, browser: WebDriver) -> None:

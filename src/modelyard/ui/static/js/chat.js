@@ -1,10 +1,12 @@
-// Playground chat: /v1/chat/completions with stream: true, tokens appended as they arrive.
+// Playground chat: /v1/chat/completions with stream: true, tokens appended as they arrive;
+// a JSON schema and tools from the side panel (chat_tools.js), tool calls shown as they stream.
 
 import { streamEvents } from "./api.js";
+import { extraFields, FieldError, initChatTools, ToolCalls } from "./chat_tools.js";
 import { $, h, setStatus } from "./dom.js";
 import { formatSeconds } from "./stats.js";
 
-const conversation = []; // [{role, content}] sent with every turn
+const conversation = []; // [{role, content[, tool_calls]}] sent with every turn
 let controller = null; // AbortController of the stream in flight
 
 /** The sampling fields of the form: only those the user filled in are sent. */
@@ -32,15 +34,24 @@ async function send(event) {
   const text = input.value.trim();
   const model = $("#chat-model").value;
   if (!text || controller || !model) return;
+  let extras;
+  try {
+    extras = extraFields();
+  } catch (err) {
+    if (!(err instanceof FieldError)) throw err;
+    setStatus($("#chat-status"), err.message);
+    return; // nothing sent; the question stays in the box
+  }
   input.value = "";
   const system = $("#chat-system").value.trim();
   conversation.push({ role: "user", content: text });
   addMessage("user", text);
   const { msg, content } = addMessage("assistant", "");
   msg.classList.add("streaming");
+  const toolCalls = new ToolCalls(msg);
   const messages = system ? [{ role: "system", content: system }, ...conversation] : conversation;
   const body = { model, messages, stream: true, stream_options: { include_usage: true },
-    ...samplingParams() };
+    ...samplingParams(), ...extras };
   controller = new AbortController();
   setBusy(true);
   setStatus($("#chat-status"), "");
@@ -50,11 +61,12 @@ async function send(event) {
   let usage = null;
   try {
     await streamEvents("/v1/chat/completions", body, (event) => {
-      const delta = event.choices?.[0]?.delta?.content;
-      if (delta) {
+      const delta = event.choices?.[0]?.delta ?? {};
+      if (delta.content || delta.tool_calls) {
         firstToken ??= performance.now();
         chunks += 1;
-        content.textContent += delta;
+        content.textContent += delta.content ?? "";
+        if (delta.tool_calls) toolCalls.add(delta.tool_calls);
         msg.dataset.chunks = String(chunks);
         $("#chat-log").scrollTop = $("#chat-log").scrollHeight;
       }
@@ -66,7 +78,13 @@ async function send(event) {
     if (err.name !== "AbortError") setStatus($("#chat-status"), err.message);
   } finally {
     msg.classList.remove("streaming");
-    conversation.push({ role: "assistant", content: content.textContent });
+    if (chunks === 0 && msg.dataset.done === "error") {
+      conversation.pop(); // refused (a 400) or stopped before any output: the turn is dropped
+    } else {
+      const answer = { role: "assistant", content: content.textContent };
+      if (toolCalls.length) answer.tool_calls = toolCalls.asMessageField();
+      conversation.push(answer);
+    }
     showStats(started, firstToken, usage);
     controller = null;
     setBusy(false);
@@ -96,6 +114,7 @@ function setBusy(busy) {
 }
 
 export function initChat() {
+  initChatTools();
   $("#chat-form").addEventListener("submit", send);
   $("#chat-input").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) send(event);

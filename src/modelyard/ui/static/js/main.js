@@ -3,6 +3,7 @@
 import { apiKey, setApiKey, setAuthRequiredHandler } from "./api.js";
 import { initAgent, setAgentAvailable } from "./agent.js";
 import { initChat } from "./chat.js";
+import { updateCapabilities } from "./chat_tools.js";
 import { onSummary, poll, startDashboard } from "./dashboard.js";
 import { $, $$, h } from "./dom.js";
 import { initEmbeddings } from "./embeddings.js";
@@ -79,6 +80,7 @@ function init() {
   initImage();
   initAgent();
   onSummary(fillMenus);
+  onSummary(updateCapabilities); // after the menus: the chosen model's capabilities
   onSummary((summary) => setAgentAvailable(Boolean(summary.features?.agent)));
   startDashboard();
 }
