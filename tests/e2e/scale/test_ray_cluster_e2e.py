@@ -106,8 +106,10 @@ def _check_structured_output(client: openai.OpenAI) -> None:
         temperature=0,
     )
     calls = forced.choices[0].message.tool_calls or []
-    assert [c.function.name for c in calls] == ["locate"]
-    jsonschema.validate(json.loads(calls[0].function.arguments), PLACE)
+    assert calls  # parallel calls are allowed: each must be a valid locate call
+    for call in calls:
+        assert call.function.name == "locate"
+        jsonschema.validate(json.loads(call.function.arguments), PLACE)
 
 
 def test_non_llm_models_through_predict_and_v2(ray_serve: RayServe) -> None:
