@@ -14,13 +14,14 @@ Modes (`ask(question, mode=...)`), each a fixed loop of model calls:
 - `"rag"` (retrieval-augmented), retrieving in one of two ways (`AgentConfig.retrieval`;
   `"auto"`, the default, takes tools where the chat model's `capabilities` say `tools`;
   search_tool.py decides):
-  - **tools**: the model is offered the function `search_knowledge(query, k)`. **search** (a
-    chat call, its first forced to be a call: `tool_choice: "required"`), **retrieve** (one
-    embeddings call for the calls' queries; each call's top-k chunks go back to the model as a
-    `role: "tool"` message), then either the model answers from them (tool_choice `"auto"`)
-    or searches again, at most `max_tool_rounds` searching turns; when it never answered, an
-    **answer** call without tools gets every passage found. **refine** as below. 2-3 chat
-    calls + 1-2 embeddings calls; `Answer.searches` records the queries the model wrote.
+  - **tools**: the model is offered the function `search_knowledge(query)`. **search** (a
+    chat call, the first forced to be a call: `tool_choice: "required"`), **retrieve** (one
+    embeddings call for the calls' queries and the question; each call's top-k chunks go back
+    to the model as a `role: "tool"` message), then the model answers from them
+    (tool_choice `"auto"`) or searches again, at most `max_tool_rounds` searching turns; if it
+    has not answered by then, an **answer** call (tool_choice `"none"`) answers from the tool
+    messages. **refine** as below. 2-4 chat calls, 1-2 embeddings calls; `Answer.searches`
+    records the queries the model wrote and what they found.
   - **prompt**: **plan** (a chat call turns the question into a search query), **retrieve**
     (one embeddings call for the question and the query; the top-k chunks by cosine
     similarity, the better score of the two per chunk), **answer** (a chat call with the
@@ -65,7 +66,7 @@ from modelyard.agent.search_tool import (
 )
 
 CAG_FILE = "cag.json"  # the index folder's record of the knowledge pin
-SEARCH_MAX_TOKENS = 64  # the forced search turn: room for a call or two
+SEARCH_MAX_TOKENS = 96  # the forced search turn: room for a call with the longest query
 MAX_CALLS_PER_TURN = 4  # search calls run per turn; further ones are answered with an error
 
 ANSWER_RULES = (
@@ -167,13 +168,7 @@ class KnowledgeAgent:
 
     async def retrieve(self, queries: list[str], k: int) -> list[Hit]:
         """Top-k chunks for any of the queries (one embeddings call), best score first."""
-        best: dict[str, Hit] = {}
-        for hits in await self._search(queries, k):
-            for hit in hits:
-                seen = best.get(hit.chunk.chunk_id)
-                if seen is None or hit.score > seen.score:
-                    best[hit.chunk.chunk_id] = hit
-        return sorted(best.values(), key=lambda h: -h.score)[:k]
+        return _best(await self._search(queries, k), k)
 
     async def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """Each query's top-k chunks (one embeddings call for all)."""
@@ -249,7 +244,7 @@ class KnowledgeAgent:
     async def _ask_rag_tools(self, answer: Answer, first: FirstChoice) -> None:
         """The tools loop (module docstring): searching turns, then the answer."""
         answer.retrieval = "tools"
-        tools = [search_tool(self.config.top_k)]
+        tools = [search_tool()]
         messages: list[dict[str, Any]] = _messages(TOOL_RULES, answer.question)
         for turn_number in range(self.config.max_tool_rounds):
             choice = first if turn_number == 0 else "auto"
@@ -263,13 +258,20 @@ class KnowledgeAgent:
             messages.append(assistant_message(turn))
             messages += await self._run_searches(answer, turn.tool_calls)
         if not _searched(answer):  # no search ran (an unforced model, bad calls): retrieve
+            answer.text = answer.draft = ""
             await self._ask_rag_prompt(answer)
             return
+        if not answer.draft:  # still searching, or no text: answer from the tool messages
+            final = await self._chat(answer, "answer", messages, tools=tools, choice="none")
+            answer.text = answer.draft = final.text.strip()
         await self._answer_from_hits(answer)
 
     async def _run_searches(self, answer: Answer, calls: tuple[ToolCall, ...]) -> list[Any]:
         """Run one turn's calls (one embeddings call for all), record them in the answer, and
-        return the `role: "tool"` message answering each."""
+        return the `role: "tool"` message answering each. A call's passages are the top-k for
+        its query or the question, the better score of the two per chunk (as the prompt
+        retrieval does with its planned query): a poor query of a small model still finds
+        what the question does."""
         searches = [parse_search(call, self.config.top_k) for call in calls]
         for i in range(MAX_CALLS_PER_TURN, len(searches)):
             searches[i] = Search(calls[i].call_id, "", 0, error="too many calls in one turn")
@@ -277,9 +279,12 @@ class KnowledgeAgent:
         found: dict[int, list[Hit]] = {}
         if runnable:
             t0 = time.perf_counter()
-            rows = await self._search([s.query for s in runnable], max(s.k for s in runnable))
+            queries = [s.query for s in runnable] + [answer.question]
+            *rows, by_question = await self._search(queries, max(s.k for s in runnable))
             answer.calls.append(ModelCall("retrieve", time.perf_counter() - t0))
-            found = {id(s): row[: s.k] for s, row in zip(runnable, rows, strict=True)}
+            found = {
+                id(s): _best([row, by_question], s.k) for s, row in zip(runnable, rows, strict=True)
+            }
             answer.query = answer.query or runnable[0].query
         messages = []
         for search in searches:
@@ -367,6 +372,17 @@ class KnowledgeAgent:
 
 def _messages(system: str, user: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def _best(rows: list[list[Hit]], k: int) -> list[Hit]:
+    """The top-k chunks of several result lists, each with its best score, best first."""
+    best: dict[str, Hit] = {}
+    for hits in rows:
+        for hit in hits:
+            seen = best.get(hit.chunk.chunk_id)
+            if seen is None or hit.score > seen.score:
+                best[hit.chunk.chunk_id] = hit
+    return sorted(best.values(), key=lambda h: -h.score)[:k]
 
 
 def _searched(answer: Answer) -> bool:

@@ -8,9 +8,11 @@ pure pieces of the loop around it (agent.py runs the loop).
   gets its first turn forced (`tool_choice: "required"`: the grammar makes even a tiny model
   write a valid call); one without gets `"auto"`, and the agent falls back to prompt retrieval
   when it answers without searching.
-- **The tool**: `search_knowledge(query: string, k?: integer 1..top_k)`; each call is parsed
-  (`parse_search`), run against the index, and answered by a `role: "tool"` message naming the
-  call's id (`tool_message`) that holds the passages, numbered as the final answer cites them.
+- **The tool**: `search_knowledge(query: string of 3..60 characters)`, no other argument (a
+  forced call keeps to the schema, so a small model neither rambles nor invents arguments);
+  each call is parsed (`parse_search`), run against the index (agent.py), and answered by a
+  `role: "tool"` message naming the call's id (`tool_message`) that holds the passages,
+  numbered as the final answer cites them.
 - **The record**: every call becomes a `Search` in the answer's trace (`Answer.searches`).
 """
 
@@ -27,9 +29,10 @@ RETRIEVALS: tuple[Retrieval, ...] = ("auto", "tools", "prompt")
 FirstChoice = Literal["required", "auto"]  # the first turn's tool_choice
 
 SEARCH_TOOL = "search_knowledge"
+QUERY_MAX_CHARS = 60  # a query's bound in the tool's schema (a forced call keeps to it)
 TOOL_RULES = (
-    "You answer questions about modelyard, a model-serving system. First search the knowledge "
-    f"with the {SEARCH_TOOL} tool, using a short query of a few keywords. Then answer from the "
+    "You answer questions about modelyard, a model-serving system. First call "
+    f"{SEARCH_TOOL} with the key words of the question as its query. Then answer from the "
     "passages found, in one or two short sentences, citing them as [1], [2]. If they do not "
     "say, answer: I don't know."
 )
@@ -41,7 +44,7 @@ class Search:
 
     call_id: str  # the call's id (the tool message's `tool_call_id`)
     query: str  # the query the model wrote ("" when the call was invalid)
-    k: int  # how many passages it asked for (after the bounds)
+    k: int  # how many passages it returns at most (the agent's top_k; 0 when not run)
     chunk_ids: tuple[str, ...] = ()  # the passages found, best first
     error: str = ""  # why the call was not run (unknown tool, bad arguments)
 
@@ -69,24 +72,28 @@ def choose_first_tool_choice(
     return "required"
 
 
-def search_tool(max_k: int) -> dict[str, Any]:
-    """The OpenAI function tool the agent offers (k bounded by the agent's top_k)."""
+def search_tool() -> dict[str, Any]:
+    """The OpenAI function tool the agent offers."""
     parameters = {
         "type": "object",
         "properties": {
-            "query": {"type": "string", "description": "a few keywords to search for"},
-            "k": {"type": "integer", "minimum": 1, "maximum": max_k},
+            "query": {
+                "type": "string",
+                "minLength": 3,
+                "maxLength": QUERY_MAX_CHARS,
+                "description": "the key words of the question",
+            },
         },
         "required": ["query"],
+        "additionalProperties": False,
     }
-    description = "Search the knowledge base; returns the most relevant passages, numbered."
+    description = "Search the modelyard manual for passages about the question."
     function = {"name": SEARCH_TOOL, "description": description, "parameters": parameters}
     return {"type": "function", "function": function}
 
 
-def parse_search(call: ToolCall, default_k: int) -> Search:
-    """The call as a search to run, or with `error` set when it cannot be run. A `k` outside
-    1..default_k is clamped into it."""
+def parse_search(call: ToolCall, k: int) -> Search:
+    """The call as a search for k passages, or with `error` set when it cannot be run."""
     if call.name != SEARCH_TOOL:
         return Search(call.call_id, "", 0, error=f"unknown tool {call.name!r}")
     try:
@@ -96,10 +103,7 @@ def parse_search(call: ToolCall, default_k: int) -> Search:
     query = arguments.get("query") if isinstance(arguments, dict) else None
     if not isinstance(query, str) or not query.strip():
         return Search(call.call_id, "", 0, error="query must be a non-empty string")
-    k = arguments.get("k", default_k)
-    if isinstance(k, bool) or not isinstance(k, int):
-        k = default_k
-    return Search(call.call_id, query.strip(), max(1, min(k, default_k)))
+    return Search(call.call_id, query.strip(), k)
 
 
 def assistant_message(turn: ChatResult) -> dict[str, Any]:

@@ -27,13 +27,13 @@ FULL = {"chat": True, "tools": True, "structured_output": True}
 QUESTION = "Which status refuses a pin over the budget?"
 
 
-def search(query: str, **extra: Any) -> tuple[str, str]:
-    return (SEARCH_TOOL, json.dumps({"query": query, **extra}))
+def search(query: str) -> tuple[str, str]:
+    return (SEARCH_TOOL, json.dumps({"query": query}))
 
 
 def offered(server: FakeServer) -> list[dict[str, Any]]:
-    """The chat calls that offered the tools."""
-    return [chat for chat in server.chats if chat.get("tools")]
+    """The chat calls that offered the tools (`tool_choice: "none"` hides them)."""
+    return [c for c in server.chats if c.get("tools") and c.get("tool_choice") != "none"]
 
 
 async def test_the_models_queries_are_run_and_answered_as_tool_messages(
@@ -43,7 +43,7 @@ async def test_the_models_queries_are_run_and_answered_as_tool_messages(
     server.embedded.clear()
     server.capabilities = FULL
     server.tool_replies = [
-        [search("pin budget status", k=2), search("blocks of 16 tokens", k=99)],
+        [search("pin budget status"), search("blocks of 16 tokens")],
         "It is 507 [1].",
     ]
     answer = await agent.ask(QUESTION, mode="rag")
@@ -56,16 +56,18 @@ async def test_the_models_queries_are_run_and_answered_as_tool_messages(
     assert first["messages"][0]["content"] == TOOL_RULES
     tool = first["tools"][0]["function"]
     assert tool["name"] == SEARCH_TOOL
-    assert tool["parameters"]["properties"]["k"]["maximum"] == 3  # the agent's top_k
-    assert server.embedded == [["pin budget status", "blocks of 16 tokens"]]  # one call
+    assert tool["parameters"]["required"] == ["query"]
+    assert tool["parameters"]["additionalProperties"] is False  # a forced call invents nothing
+    # one embeddings call: the queries and the question
+    assert server.embedded == [["pin budget status", "blocks of 16 tokens", QUESTION]]
 
-    # each search found what a direct retrieval of its query finds (k clamped to top_k)
+    # each search found what a direct retrieval of its query and the question finds
     assert [(s.query, s.k) for s in answer.searches] == [
-        ("pin budget status", 2),
+        ("pin budget status", 3),
         ("blocks of 16 tokens", 3),
     ]
     for s in answer.searches:
-        expected = await agent.retrieve([s.query], s.k)
+        expected = await agent.retrieve([s.query, QUESTION], 3)
         assert s.chunk_ids == tuple(h.chunk.chunk_id for h in expected)
     assert answer.query == "pin budget status"
 
@@ -74,9 +76,7 @@ async def test_the_models_queries_are_run_and_answered_as_tool_messages(
     assistant, *tool_messages = second["messages"][2:]
     assert assistant["role"] == "assistant"
     assert [c["id"] for c in assistant["tool_calls"]] == ["call_0", "call_1"]
-    assert (
-        assistant["tool_calls"][0]["function"]["arguments"] == search("pin budget status", k=2)[1]
-    )
+    assert assistant["tool_calls"][0]["function"]["arguments"] == search("pin budget status")[1]
     assert [m["tool_call_id"] for m in tool_messages] == ["call_0", "call_1"]
     cited = {h.chunk.chunk_id: n for n, h in enumerate(answer.hits, start=1)}
     assert len(cited) == len({c for s in answer.searches for c in s.chunk_ids})
@@ -117,9 +117,10 @@ async def test_the_loop_is_bounded_and_bad_calls_are_answered_with_errors(
     assert [s.error != "" for s in answer.searches] == [True, True, True, False]
     assert answer.searches[-1].chunk_ids
     assert answer.hits
-    final = server.chats[-2]  # the answer call: every passage found, no tools
-    assert "tools" not in final
-    assert answer.hits[0].chunk.text in final["messages"][0]["content"]
+    final = server.chats[-2]  # the answer call: the conversation, tools off
+    assert final["tool_choice"] == "none"
+    assert final["messages"][-1]["role"] == "tool"
+    assert f"[1] {answer.hits[0].chunk.text}" in final["messages"][-1]["content"]
     assert answer.draft == "draft answer"
 
 
@@ -161,10 +162,8 @@ def test_the_choice_of_retrieval_and_the_parsing_of_calls() -> None:
     assert choose_first_tool_choice("auto", None) is None
     assert choose_first_tool_choice("prompt", FULL) is None
     assert choose_first_tool_choice("tools", None) == "required"  # unknown: try forcing
-    call = ToolCall("c", SEARCH_TOOL, '{"query": " evict ", "k": true}')
+    call = ToolCall("c", SEARCH_TOOL, '{"query": " evict "}')
     assert (parse_search(call, 4).query, parse_search(call, 4).k) == ("evict", 4)
-    call = ToolCall("c", SEARCH_TOOL, '{"query": "evict", "k": 0}')
-    assert parse_search(call, 4).k == 1
     assert parse_search(ToolCall("c", SEARCH_TOOL, "[1]"), 4).error
     with pytest.raises(ValueError, match="retrieval"):
         AgentConfig(retrieval="grep")  # type: ignore[arg-type]
