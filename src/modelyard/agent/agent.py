@@ -117,7 +117,8 @@ class KnowledgeAgent:
         self.config = config or AgentConfig()
         self._index: VectorIndex | None = None
         self._knowledge: str | None = None
-        self._first_choice: tuple[FirstChoice | None] | None = None  # asked once, then kept
+        self._first_choice: FirstChoice | None = None  # the tools loop's; None: prompt
+        self._first_choice_known = False  # the capabilities are asked once
 
     # ------------------------------------------------------------------ ingest
 
@@ -204,15 +205,16 @@ class KnowledgeAgent:
     async def _first_tool_choice(self) -> FirstChoice | None:
         """The tools loop's first tool_choice, None for prompt retrieval (search_tool.py), from
         the chat model's capabilities (asked once; a server without the listings: unknown)."""
-        if self._first_choice is None:
+        if not self._first_choice_known:
             capabilities = None
             if self.config.retrieval != "prompt":
                 try:
                     capabilities = await self.api.capabilities(self.config.chat_model)
                 except ModelyardAPIError:
                     capabilities = None
-            self._first_choice = (choose_first_tool_choice(self.config.retrieval, capabilities),)
-        return self._first_choice[0]
+            self._first_choice = choose_first_tool_choice(self.config.retrieval, capabilities)
+            self._first_choice_known = True
+        return self._first_choice
 
     async def _ask_rag_prompt(self, answer: Answer) -> None:
         cfg = self.config
@@ -251,13 +253,13 @@ class KnowledgeAgent:
             budget = SEARCH_MAX_TOKENS if choice == "required" else None
             turn = await self._chat(answer, "search", messages, budget, tools=tools, choice=choice)
             if not turn.tool_calls:
-                if _searched(answer):  # the model answered from the passages it found
+                if answer.searched:  # the model answered from the passages it found
                     answer.calls[-1] = replace(answer.calls[-1], step="answer")
                     answer.text = answer.draft = turn.text.strip()
                 break
             messages.append(assistant_message(turn))
             messages += await self._run_searches(answer, turn.tool_calls)
-        if not _searched(answer):  # no search ran (an unforced model, bad calls): retrieve
+        if not answer.searched:  # no search ran (an unforced model, bad calls): retrieve
             answer.text = answer.draft = ""
             await self._ask_rag_prompt(answer)
             return
@@ -275,24 +277,23 @@ class KnowledgeAgent:
         searches = [parse_search(call, self.config.top_k) for call in calls]
         for i in range(MAX_CALLS_PER_TURN, len(searches)):
             searches[i] = Search(calls[i].call_id, "", 0, error="too many calls in one turn")
-        runnable = [s for s in searches if not s.error]
-        found: dict[int, list[Hit]] = {}
+        runnable = [i for i, search in enumerate(searches) if not search.error]
+        found: dict[int, list[Hit]] = {}  # a runnable search's position -> its passages
         if runnable:
             t0 = time.perf_counter()
-            queries = [s.query for s in runnable] + [answer.question]
-            *rows, by_question = await self._search(queries, max(s.k for s in runnable))
+            queries = [searches[i].query for i in runnable] + [answer.question]
+            *rows, by_question = await self._search(queries, self.config.top_k)
             answer.calls.append(ModelCall("retrieve", time.perf_counter() - t0))
-            found = {
-                id(s): _best([row, by_question], s.k) for s, row in zip(runnable, rows, strict=True)
-            }
-            answer.query = answer.query or runnable[0].query
+            for i, row in zip(runnable, rows, strict=True):
+                found[i] = _best([row, by_question], self.config.top_k)
+            answer.query = answer.query or searches[runnable[0]].query
         messages = []
-        for search in searches:
-            hits = found.get(id(search), [])
-            search = replace(search, chunk_ids=tuple(h.chunk.chunk_id for h in hits))
-            answer.searches.append(search)
-            passages = [(_cite(answer, hit), hit.chunk.text) for hit in hits]
-            messages.append(tool_message(search, passages))
+        for i, search in enumerate(searches):
+            hits = found.get(i, [])
+            done = replace(search, chunk_ids=tuple(h.chunk.chunk_id for h in hits))
+            answer.searches.append(done)
+            passages = [(answer.cite(hit), hit.chunk.text) for hit in hits]
+            messages.append(tool_message(done, passages))
         return messages
 
     async def _ask_cag(self, answer: Answer) -> None:
@@ -383,17 +384,3 @@ def _best(rows: list[list[Hit]], k: int) -> list[Hit]:
             if seen is None or hit.score > seen.score:
                 best[hit.chunk.chunk_id] = hit
     return sorted(best.values(), key=lambda h: -h.score)[:k]
-
-
-def _searched(answer: Answer) -> bool:
-    """Whether any of the model's search calls ran."""
-    return any(not search.error for search in answer.searches)
-
-
-def _cite(answer: Answer, hit: Hit) -> int:
-    """The hit's citation number (1-based place in `answer.hits`), adding it when new."""
-    for number, seen in enumerate(answer.hits, start=1):
-        if seen.chunk.chunk_id == hit.chunk.chunk_id:
-            return number
-    answer.hits.append(hit)
-    return len(answer.hits)

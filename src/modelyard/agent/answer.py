@@ -77,6 +77,19 @@ class Answer:
         }
 
     @property
+    def searched(self) -> bool:
+        """Whether any of the model's search calls ran (RAG with tools)."""
+        return any(not search.error for search in self.searches)
+
+    def cite(self, hit: Hit) -> int:
+        """The hit's citation number (its 1-based place in `hits`), adding it when new."""
+        for number, seen in enumerate(self.hits, start=1):
+            if seen.chunk.chunk_id == hit.chunk.chunk_id:
+                return number
+        self.hits.append(hit)
+        return len(self.hits)
+
+    @property
     def answer_call(self) -> ChatResult:
         """The answer step's chat call (its TTFT is the time to the first answer token)."""
         return next(c.chat for c in self.calls if c.step == "answer" and c.chat is not None)
