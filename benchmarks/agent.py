@@ -15,7 +15,8 @@ for the measured prompts, which are all shorter), the evaluation set in benchmar
    TTFT of the answer call (client-side, streamed), the question's TTFT (from the question to
    the first answer token: RAG includes its embeddings call and search), end to end,
    prompt / cached tokens, model calls;
-4. the agent loop (plan -> retrieve -> answer -> refine for RAG; answer -> refine for CAG):
+4. the agent loop (plan -> retrieve -> answer -> refine for RAG, the agent's prompt retrieval;
+   answer -> refine for CAG):
    e2e latency and model calls per question, answer quality.
 
 Answer quality is "one of the labelled answer strings appears in the answer": a coarse check.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -170,11 +172,12 @@ async def flush_prefix_cache(url: str, seed: int, blocks: int = 800, size: int =
 
 
 def make_agents(api: ModelyardAPI, index_dir: Path, loop: bool) -> dict[str, KnowledgeAgent]:
-    config = AgentConfig(chunk_words=60, overlap_words=15, top_k=4, max_tokens=48)
+    # RAG as measured here is the prompt retrieval (the agent retrieves; no search tool)
+    config = AgentConfig(
+        chunk_words=60, overlap_words=15, top_k=4, max_tokens=48, retrieval="prompt"
+    )
     if not loop:
-        config = AgentConfig(
-            chunk_words=60, overlap_words=15, top_k=4, max_tokens=48, plan=False, refine=False
-        )
+        config = dataclasses.replace(config, plan=False, refine=False)
     return {s: KnowledgeAgent(api, index_dir, config) for s in SYSTEMS}
 
 

@@ -2,6 +2,7 @@
 
     modelyard agent ingest docs/ [--index DIR]
     modelyard agent ask "How are models evicted?" [--mode rag|cag|none] [--json]
+        [--retrieval auto|tools|prompt]        # RAG: the model searches through a tool, or not
     modelyard agent unpin                      # release the CAG knowledge pin
 
 Every model call goes to a modelyard server (`--url`, default http://127.0.0.1:8000; `--api-key`
@@ -33,6 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ask = actions.add_parser("ask", help="answer a question from the indexed knowledge")
     ask.add_argument("question")
     ask.add_argument("--mode", choices=["rag", "cag", "none"], default="rag")
+    ask.add_argument(
+        "--retrieval",
+        choices=["auto", "tools", "prompt"],
+        default="auto",
+        help="RAG: the model calls a search tool (tools), the agent puts the passages in the "
+        "prompt (prompt), or tools where the chat model supports them (auto, the default)",
+    )
+    ask.add_argument("--max-tool-rounds", type=int, default=2, help="RAG with tools: 1..5")
     ask.add_argument("--top-k", type=int, default=4)
     ask.add_argument("--max-tokens", type=int, default=64)
     ask.add_argument("--no-plan", action="store_true", help="RAG: retrieve with the question")
@@ -57,6 +66,8 @@ async def _run(args: argparse.Namespace, index_dir: Path) -> int:
         max_tokens=getattr(args, "max_tokens", 64),
         plan=not getattr(args, "no_plan", False),
         refine=not getattr(args, "no_refine", False),
+        retrieval=getattr(args, "retrieval", "auto"),
+        max_tool_rounds=getattr(args, "max_tool_rounds", 2),
     )
     api = ModelyardAPI(args.url, api_key=args.api_key)
     agent = KnowledgeAgent(api, index_dir, config)

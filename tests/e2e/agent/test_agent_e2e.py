@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -190,10 +191,24 @@ async def test_agent_rag_and_cag(server: ServerProcess, tmp_path: Path) -> None:
         assert hits / len(questions) >= 0.8  # retrieval with the real embeddings
 
         question = questions[29]  # which status refuses a pin over the budget
-        rag = await agent.ask(question.question, mode="rag")
+        prompt = KnowledgeAgent(api, agent.index_dir, replace(config, retrieval="prompt"))
+        rag = await prompt.ask(question.question, mode="rag")
         assert [c.step for c in rag.calls] == ["plan", "retrieve", "answer", "refine"]
         assert hit_at(rag.hits, question, len(rag.hits))
         assert rag.text
+
+        # the default retrieval (auto) is the search tool: SmolLM2 lists `tools`
+        lean = replace(config, max_tool_rounds=1, refine=False)  # search, then answer
+        tools = await KnowledgeAgent(api, agent.index_dir, lean).ask(question.question)
+        assert tools.retrieval == "tools"
+        assert [c.step for c in tools.calls] == ["search", "retrieve", "answer"]
+        first = tools.searches[0]
+        assert (first.error, first.query != "", len(first.chunk_ids) > 0) == ("", True, True)
+        assert tools.query == first.query
+        assert {h.chunk.chunk_id for h in tools.hits} >= set(first.chunk_ids)
+        assert all(h.chunk.source.endswith(".md") for h in tools.hits)
+        assert hit_at(tools.hits, question, len(tools.hits))  # the passages the model was sent
+        assert tools.text
 
         cag = await agent.ask(question.question, mode="cag")
         assert [c.step for c in cag.calls] == ["answer", "refine"]

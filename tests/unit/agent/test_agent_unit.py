@@ -3,18 +3,14 @@ index, the RAG / CAG loops and the calls they make."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 from pathlib import Path
-from typing import Any
 
-import httpx
 import numpy as np
 import pytest
+from agent_fakes import FakeServer
 
-from modelyard.agent import AgentConfig, KnowledgeAgent, ModelyardAPI, VectorIndex
-from modelyard.agent.agent import PLAN_PROMPT
+from modelyard.agent import AgentConfig, KnowledgeAgent, VectorIndex
 from modelyard.agent.chunking import Chunk, Document, chunk_document, load_documents
 from modelyard.agent.evaluation import Question, answer_correct, hit_at, load_questions
 from modelyard.agent.index import Hit
@@ -23,80 +19,6 @@ from modelyard.cli import build_parser
 pytestmark = pytest.mark.unit
 
 EVAL = Path(__file__).parents[3] / "benchmarks" / "agent_eval"
-
-
-def bag_of_words(text: str, dim: int = 256) -> list[float]:
-    """A deterministic embedding: hashed word counts (shared words -> similar vectors)."""
-    vector = np.zeros(dim)
-    for word in text.lower().replace("?", " ").replace(".", " ").split():
-        vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % dim] += 1.0
-    return list(vector / (np.linalg.norm(vector) or 1.0))
-
-
-class FakeServer:
-    """Just enough of modelyard's HTTP API for the agent."""
-
-    def __init__(self) -> None:
-        self.chats: list[dict[str, Any]] = []
-        self.embedded: list[list[str]] = []
-        self.pins: dict[str, dict[str, Any]] = {}
-        self.pin_posts = 0
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content) if request.content else {}
-        path = request.url.path
-        if path == "/v1/embeddings":
-            self.embedded.append(body["input"])
-            data = [{"index": i, "embedding": bag_of_words(t)} for i, t in enumerate(body["input"])]
-            return httpx.Response(200, json={"data": data})
-        if path == "/v1/chat/completions":
-            return self._chat(body)
-        if path == "/v1/prefixes" and request.method == "POST":
-            self.pin_posts += 1
-            prefix_id = f"pfx-{self.pin_posts}"
-            self.pins[prefix_id] = body
-            return httpx.Response(200, json={"id": prefix_id, "num_tokens": 100})
-        prefix_id = path.rsplit("/", 1)[-1]
-        if prefix_id not in self.pins:
-            return httpx.Response(404, json={"error": {"message": "prefix not found"}})
-        if request.method == "DELETE":
-            del self.pins[prefix_id]
-        return httpx.Response(200, json={"id": prefix_id})
-
-    def _chat(self, body: dict[str, Any]) -> httpx.Response:
-        self.chats.append(body)
-        first = body["messages"][0]["content"]
-        if first.startswith(PLAN_PROMPT):
-            text = "pinned prefix budget"
-        elif "Draft answer" in body["messages"][-1]["content"]:
-            text = "refined answer"
-        else:
-            text = "draft answer"
-        events = [{"choices": [{"delta": {"content": piece}}]} for piece in text.split(" ")]
-        events[1:] = [{"choices": [{"delta": {"content": " " + e}}]} for e in text.split(" ")[1:]]
-        cached = 96 if body.get("prefix_id") else 0
-        events.append(
-            {
-                "choices": [],
-                "usage": {"prompt_tokens": 120, "completion_tokens": 2},
-                "modelyard": {"cached_tokens": cached, "ttft": 0.01},
-            }
-        )
-        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
-
-
-@pytest.fixture
-def server() -> FakeServer:
-    return FakeServer()
-
-
-@pytest.fixture
-async def agent(server: FakeServer, tmp_path: Path) -> Any:
-    api = ModelyardAPI("http://fake", transport=httpx.MockTransport(server.handle))
-    config = AgentConfig(chunk_words=40, overlap_words=10, top_k=3)
-    yield KnowledgeAgent(api, tmp_path / "index", config)
-    await api.aclose()
 
 
 # ---------------------------------------------------------------- chunking

@@ -31,6 +31,11 @@ def test_the_agent_section_is_checked_when_read() -> None:
         config_from_mapping({"agent": {"top_p": 0.5}})
     with pytest.raises(ValueError, match="max_tokens"):
         config_from_mapping({"agent": {"max_tokens": 0}})
+    assert (
+        config_from_mapping({"agent": {"retrieval": "tools"}}).agent.settings.retrieval == "tools"
+    )
+    with pytest.raises(ValueError, match=r"agent\.retrieval"):
+        config_from_mapping({"agent": {"retrieval": "grep"}})
 
 
 async def test_without_an_index_the_answer_says_how_to_make_one(
@@ -49,6 +54,7 @@ async def test_without_an_index_the_answer_says_how_to_make_one(
         ({"question": ""}, "question"),
         ({"question": "Why?", "mode": "guess"}, "mode"),
         ({"question": "Why?", "top_k": 0}, "top_k"),
+        ({"question": "Why?", "retrieval": "grep"}, "retrieval"),
         ({"question": "Why?", "index": "/etc"}, "index"),  # no request names a server path
     ],
 )

@@ -2,16 +2,18 @@
 web console's agent box.
 
 The agent is a client of the HTTP API and stays one here. Each question runs the agent's own
-loop (agent/agent.py: plan, retrieve, answer, refine; or CAG's pinned knowledge) in a worker
+loop (agent/agent.py: search through a tool or plan, retrieve, answer, refine; or CAG's pinned
+knowledge) in a worker
 thread with its own event loop, so its index reads and FAISS searches never touch the server's
 loop. Every model call it makes comes back to this server on its loopback address with the
 caller's credentials: authenticated, authorized, routed, admitted and counted as the caller's
 own requests.
 
 - body `{"question", "mode": "rag" | "cag" | "none" (default "rag"), "top_k"?: 1..20,
-  "model"?: a chat model}`;
-- answer `{"question", "mode", "answer", "draft", "query", "chunks": [{"chunk_id", "source",
-  "text", "score"}], "calls": [{"step", "seconds", "ttft_s"}], "e2e_s"}`;
+  "model"?: a chat model, "retrieval"?: "auto" | "tools" | "prompt" (default the config's)}`;
+- answer `{"question", "mode", "answer", "draft", "query", "retrieval", "searches": [{"call_id",
+  "query", "k", "chunks", "error"}], "chunks": [{"chunk_id", "source", "text", "score"}],
+  "calls": [{"step", "seconds", "ttft_s"}], "e2e_s"}`;
 - the index is the folder `modelyard agent ingest` wrote: the config's `agent.index` (default
   the CLI's `~/.modelyard/agent/default`); the agent's settings are the rest of the `agent:`
   section (config.AgentServerConfig). No index yet: 404 naming the command that makes one;
@@ -51,6 +53,7 @@ class AskRequest(BaseModel):
     mode: Literal["rag", "cag", "none"] = "rag"
     top_k: int = Field(default=4, ge=1, le=20)  # chunks given to the answer (RAG)
     model: str | None = Field(default=None, min_length=1)  # the chat model; None: the config's
+    retrieval: Literal["auto", "tools", "prompt"] | None = None  # RAG; None: the config's
 
 
 @router.post("/v1/agent/ask")
@@ -62,6 +65,8 @@ async def ask(body: AskRequest, request: Request) -> dict[str, Any]:
     settings = dataclasses.replace(config.settings, top_k=body.top_k)
     if body.model is not None:
         settings = dataclasses.replace(settings, chat_model=body.model)
+    if body.retrieval is not None:
+        settings = dataclasses.replace(settings, retrieval=body.retrieval)
     agent_loop = _ask(_loopback_url(request), _credential(request), index, settings, body)
     try:
         return await asyncio.to_thread(asyncio.run, agent_loop)

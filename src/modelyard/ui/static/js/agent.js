@@ -9,14 +9,16 @@ export const AGENT_PATH = "/v1/agent/ask";
 
 /**
  * One question to the knowledge agent: POST /v1/agent/ask {question, mode, top_k, model?} ->
- * {answer, mode, query?, chunks: [{chunk_id?, source, text, score}], calls: [{step, seconds}],
- * e2e_s?}. The only place the console talks to the agent.
+ * {answer, mode, query?, searches?: [{query, k, chunks, error}], chunks: [{chunk_id?, source,
+ * text, score}], calls: [{step, seconds}], e2e_s?}. The only place the console talks to the
+ * agent.
  */
 export async function askAgent(question, { mode = "rag", topK = 4, model } = {}) {
   return postJSON(AGENT_PATH, { question, mode, top_k: topK, model });
 }
 
-/** "rag · 4 model calls (plan 0.8 s, retrieve 0.1 s, …) · 3.2 s · query: …" */
+/** "rag · 4 model calls (plan 0.8 s, retrieve 0.1 s, …) · 3.2 s · query: …" (with tools:
+ * "searched: …", the queries the model wrote) */
 function describeRun(result, mode) {
   const parts = [result.mode ?? mode];
   const calls = Array.isArray(result.calls) ? result.calls : [];
@@ -25,7 +27,9 @@ function describeRun(result, mode) {
     parts.push(`${calls.length} model call${calls.length === 1 ? "" : "s"} (${steps})`);
   }
   if (result.e2e_s !== undefined) parts.push(formatSeconds(result.e2e_s));
-  if (result.query) parts.push(`query: ${result.query}`);
+  const searched = (Array.isArray(result.searches) ? result.searches : []).filter((s) => s.query);
+  if (searched.length) parts.push(`searched: ${searched.map((s) => s.query).join("; ")}`);
+  else if (result.query) parts.push(`query: ${result.query}`);
   return parts.join(" · ");
 }
 
