@@ -42,7 +42,7 @@ def float_base(source: str, cache_dir: str) -> Path:
     if resolved.gguf is None:
         return resolved.path
     digest = hashlib.sha256(str(resolved.path).encode()).hexdigest()[:12]
-    target = Path(cache_dir) / "test-float32" / f"{resolved.gguf.stem}-{digest}"
+    target = Path(cache_dir).expanduser() / "test-float32" / f"{resolved.gguf.stem}-{digest}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
