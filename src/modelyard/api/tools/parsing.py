@@ -3,10 +3,13 @@ the `delta.tool_calls` of a streamed one.
 
 Streaming (`ToolCallStream`), per choice: text before the first call marker streams as
 `delta.content`, except an end that may begin a marker (held back until it is known); once a
-marker is seen, each call is sent as soon as it is complete, as OpenAI streams them: a first
-`tool_calls` entry with index, id, type, function.name and arguments "", then the arguments with
-the index only. At the end, what the whole-text parse finds beyond that is sent, so the
-assembled stream matches the non-streamed message.
+marker is seen, each call streams as OpenAI and vLLM stream them: as soon as its name is known,
+a first `tool_calls` entry with index, id, type, function.name and arguments "", then the
+arguments in fragments as the model writes them (entries with the index and
+`function.arguments` only). The fragments are the growth of the parse's raw arguments
+(api/tools/scan.py), so a call's fragments add up to `function.arguments` of the non-streamed
+message for the same text, a call cut by max_tokens included (both carry what was written). At
+the end, content the whole-text parse finds beyond what was sent (text after the calls) is sent.
 """
 
 from __future__ import annotations
@@ -103,12 +106,12 @@ class ToolCallStream:
     text: str = ""  # everything generated so far
     sent: int = 0  # text[:sent] went out as content
     start: int | None = None  # where the calls begin
-    emitted: int = 0  # calls sent so far
+    arguments_sent: list[str] = field(default_factory=list)  # per call sent: its arguments so far
     content_sent: list[str] = field(default_factory=list)
 
     @property
     def called(self) -> bool:
-        return self.emitted > 0
+        return bool(self.arguments_sent)
 
     def feed(self, delta: str) -> StreamPiece:
         self.text += delta
@@ -124,7 +127,7 @@ class ToolCallStream:
     def finish(self) -> StreamPiece:
         """What remains once the completion has ended."""
         parsed = self.calling.parse(self.text, final=True)
-        if not parsed.calls and not self.emitted:
+        if not parsed.calls and not self.called:
             return StreamPiece(self._content_to(len(self.text)), [])
         said = "".join(self.content_sent).strip()
         rest = parsed.content[len(said) :] if parsed.content.startswith(said) else ""
@@ -141,11 +144,18 @@ class ToolCallStream:
         return piece
 
     def _calls(self, parsed: ParsedOutput) -> list[dict[str, Any]]:
+        """The entries that bring the client from what was sent to `parsed.calls`: a head per
+        new call, then each call's arguments written since."""
         entries: list[dict[str, Any]] = []
-        for call in parsed.calls[self.emitted :]:
-            body = call_body(call)
-            function = {"name": call.name, "arguments": ""}
-            entries.append({"index": self.emitted, **body, "function": function})
-            entries.append({"index": self.emitted, "function": {"arguments": call.arguments}})
-            self.emitted += 1
+        for index, call in enumerate(parsed.calls):
+            if index == len(self.arguments_sent):
+                body = call_body(call)
+                function = {"name": call.name, "arguments": ""}
+                entries.append({"index": index, **body, "function": function})
+                self.arguments_sent.append("")
+            sent = self.arguments_sent[index]
+            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
+                fragment = call.arguments[len(sent) :]
+                entries.append({"index": index, "function": {"arguments": fragment}})
+                self.arguments_sent[index] = call.arguments
         return entries
