@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from modelyard.api.tools.enforce import forced_calls
+from modelyard.api.tools.mistral import MARKER as MISTRAL_MARKER
 from modelyard.engine.constraints import Constraint
 from modelyard.engine.sampling_params import InvalidParamError
 
@@ -76,6 +77,11 @@ class ToolOffer:
     required: bool  # tool_choice "required" or a named function
     named: str | None  # the function tool_choice names
     parallel: bool  # parallel_tool_calls
+
+    def kept_special_tokens(self) -> list[str]:
+        """Call markers that are special tokens, which the text must keep for the parser to
+        see them (Mistral's `[TOOL_CALLS]`); none for forced calls (Hermes text)."""
+        return [] if self.required else [MISTRAL_MARKER]
 
     def constraint(self) -> Constraint | None:
         """The grammar forcing the calls (required or named), else None (auto)."""
