@@ -56,13 +56,13 @@ def _client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def _create(client: openai.OpenAI, choice: Any, **extra: Any) -> Any:
+def _create(client: openai.OpenAI, choice: Any, max_tokens: int = 80, **extra: Any) -> Any:
     return client.chat.completions.create(
         model=E2E_MODEL,
         messages=QUESTION,
         tools=TOOLS,
         tool_choice=choice,
-        max_tokens=80,
+        max_tokens=max_tokens,
         temperature=0,
         **extra,
     )
@@ -202,3 +202,18 @@ def test_sdk_parse_with_a_pydantic_tool_and_a_pydantic_response_format(
         temperature=0,
     )
     assert isinstance(answered.choices[0].message.parsed, GetWeather)
+
+
+def test_auto_mode_answers_text_or_calls_held_to_the_schemas(server: ServerProcess) -> None:
+    """Auto mode on a Hermes-format model: the model may write text, but a call it starts
+    follows the grammar (free text, then calls valid against the tools' parameters)."""
+    client = _client(server)
+    reply = _create(client, "auto", max_tokens=120)
+    [choice] = reply.choices
+    message = choice.message
+    assert "<tool_call>" not in (message.content or "")
+    if message.tool_calls:
+        _check_calls([c.function.model_dump() for c in message.tool_calls])
+        assert choice.finish_reason == "tool_calls"
+    else:
+        assert message.content

@@ -17,13 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from modelyard.api.tools.base import ParsedCall, ParsedOutput, ToolParser, new_call_id
 from modelyard.api.tools.definitions import ToolOffer
 from modelyard.api.tools.hermes import HermesParser
 from modelyard.api.tools.llama3 import Llama3JsonParser
 from modelyard.api.tools.mistral import MistralParser
 from modelyard.engine.client.chat_template import ToolFormat, chat_template_of, tool_format_of
-from modelyard.engine.client.protocol import Tokenizer
+from modelyard.engine.client.protocol import LLMClient, Tokenizer
+from modelyard.engine.sampling_params import SamplingParams
 
 _PARSERS: dict[ToolFormat, type[ToolParser]] = {
     ToolFormat.HERMES: HermesParser,
@@ -46,6 +49,20 @@ def tool_calling(offer: ToolOffer, tokenizer: Tokenizer) -> ToolCalling:
         tool_format = tool_format_of(chat_template_of(tokenizer))
     named = offer.named is not None
     return ToolCalling(parser_for(tool_format), offer.parallel, named=named, forced=offer.required)
+
+
+def with_auto_grammar(offer: ToolOffer, llm: LLMClient, params: SamplingParams) -> SamplingParams:
+    """The params of a request offering tools, served by `llm`: in auto mode, the offer's
+    grammar (free text, then calls valid against the schemas) when the model writes Hermes
+    calls and its engine serves structured output; the other formats stay free."""
+    grammar = offer.auto_grammar
+    if grammar is None or params.constraint is not None or params.ignore_eos:
+        return params
+    if not llm.capabilities.structured_output:
+        return params
+    if tool_format_of(chat_template_of(llm.tokenizer)) is not ToolFormat.HERMES:
+        return params
+    return msgspec.structs.replace(params, constraint=grammar)
 
 
 def call_body(call: ParsedCall) -> dict[str, Any]:
