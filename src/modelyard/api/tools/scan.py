@@ -98,12 +98,14 @@ def scan_call(text: str, pos: int, argument_keys: tuple[str, ...]) -> CallScan:
         if text[colon] != ":":
             scan.broken = True
             break
-        key = json.loads(text[i:key_end])
+        key = _string(text[i:key_end])
+        if key is None:
+            scan.broken = True
+            break
         start = skip_space(text, colon + 1)
         end = value_end(text, start)
         if key == "name" and scan.name is None and end is not None:
-            name = json.loads(text[start:end]) if text[start] == '"' else None
-            scan.name = name if isinstance(name, str) else None
+            scan.name = _string(text[start:end])
         elif key in argument_keys and args is None and start < len(text):
             args = (start, end)
         if end is None:
@@ -122,9 +124,16 @@ def _arguments(text: str, span: tuple[int, int | None] | None, *, closed: bool) 
     if end is None:
         return ""
     raw = text[start:end]
-    if text[start] == '"':
-        try:
-            return str(json.loads(raw))
-        except ValueError:
-            return raw
-    return raw
+    decoded = _string(raw)
+    return raw if decoded is None else decoded
+
+
+def _string(raw: str) -> str | None:
+    """The value of a JSON string literal; None for anything else (or a malformed one)."""
+    if not raw.startswith('"'):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None

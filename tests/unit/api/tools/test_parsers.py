@@ -168,6 +168,19 @@ def test_arguments_before_the_name_wait_for_it_and_escapes_do_not_end_the_object
     )
 
 
+@pytest.mark.parametrize("tool_format", list(ToolFormat))
+def test_malformed_strings_and_keys_never_raise(tool_format: ToolFormat) -> None:
+    for body in ('{"na\\xme": "f"}', '{"name": "f\\q", "arguments": {}}', '{"name": 3}'):
+        text = {"hermes": f"<tool_call>{body}</tool_call>", "mistral": f"[TOOL_CALLS]{body}"}
+        text_of = text.get(tool_format.value, body)
+        assert_stream_matches_message(ToolCalling(parser_for(tool_format)), text_of, 2)
+        assert "tool_calls" not in ToolCalling(parser_for(tool_format)).message(text_of)
+    arguments = '{"name": "f", "arguments": "{\\"a\\": \\q"}'
+    assert parser_for(ToolFormat.LLAMA3_JSON).parse(arguments, final=True).calls[0].arguments == (
+        '"{\\"a\\": \\q"'
+    )
+
+
 def test_a_cut_call_carries_what_was_written() -> None:
     cut = 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
     message = ToolCalling(parser_for(ToolFormat.HERMES)).message(cut)
