@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 Prompt = str | list[int]
 PromptBuilder = Callable[[LLMClient], Awaitable[list[Prompt]]]
+#: The params of a request for the model that serves it.
+ParamsAdapter = Callable[[LLMClient, SamplingParams], SamplingParams]
 
 
 @dataclass(slots=True)
@@ -231,8 +233,11 @@ async def open_generation(
     *,
     priority: int = 0,
     num_prompts: int = 1,
+    adapt_params: ParamsAdapter | None = None,
 ) -> Generation:
-    """Steps 1-2 above; raises the request path's refusals or the error of the last target."""
+    """Steps 1-2 above; raises the request path's refusals or the error of the last target.
+    `adapt_params` gives the params for the model that serves (tools: the grammar of calls
+    depends on the model's call format)."""
     path: RequestPath = request.app.state.request_path
     principal = principal_of(request)
     ticket = ticket_of(request)
@@ -248,11 +253,12 @@ async def open_generation(
     async def start(lease: Lease) -> list[EngineStream]:
         prompts = await build_prompts(lease.llm)
         server = request.app.state.config.server
-        check_generation_limits(len(prompts), params, lease.llm.max_model_len, server)
-        if params.constraint is not None and not lease.llm.capabilities.structured_output:
+        used = adapt_params(lease.llm, params) if adapt_params is not None else params
+        check_generation_limits(len(prompts), used, lease.llm.max_model_len, server)
+        if used.constraint is not None and not lease.llm.capabilities.structured_output:
             raise MissingCapabilityError(lease.model_id, "structured output")
         return await _start_streams(
-            lease.llm, prompts, params, principal.priority + priority, lease.model_id, principal
+            lease.llm, prompts, used, principal.priority + priority, lease.model_id, principal
         )
 
     served = await path.open_llm(request, requested, demand, start)

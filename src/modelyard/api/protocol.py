@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelyard.api.structured import RequestedConstraint, StructuredFields
@@ -199,7 +200,11 @@ class ChatCompletionRequest(ToolFields, SamplingFields):
         if self.max_completion_tokens is not None:  # 0 is a value (400), not "unset"
             max_tokens = self.max_completion_tokens
             renames["max_tokens"] = "max_completion_tokens"
-        return self.sampling_params(max_tokens=max_tokens, logprobs=logprobs, renames=renames)
+        params = self.sampling_params(max_tokens=max_tokens, logprobs=logprobs, renames=renames)
+        offer = self.tool_offer()
+        if offer is None or not offer.kept_special_tokens():
+            return params
+        return msgspec.structs.replace(params, kept_special_tokens=offer.kept_special_tokens())
 
 
 class CompletionRequest(SamplingFields):

@@ -156,6 +156,8 @@ class ResponseEvents:
     _text: dict[str, Any] | None = None  # the message item being streamed
     _parts: list[str] = field(default_factory=list)  # its text so far
     _call: dict[str, Any] | None = None  # the call item being streamed
+    _arguments: list[str] = field(default_factory=list)  # its arguments so far
+    _late_text: list[str] = field(default_factory=list)  # text sent while a call was open
     finish_reason: str | None = None  # the chat finish reason, once sent
     final: dict[str, Any] | None = None  # the whole response, once finished
 
@@ -176,7 +178,9 @@ class ResponseEvents:
         events: list[bytes] = []
         for choice in chunk["choices"]:
             delta = choice["delta"]
-            if delta.get("content"):
+            if delta.get("content") and self._call is not None:
+                self._late_text.append(delta["content"])  # after the calls: once they close
+            elif delta.get("content"):
                 events += self._text_delta(delta["content"])
             for entry in delta.get("tool_calls", []):
                 events += self._call_entry(entry)
@@ -184,7 +188,10 @@ class ResponseEvents:
         return events
 
     def finish(self, usage: dict[str, Any]) -> list[bytes]:
-        events = self._close_text()
+        events = self._close_call()
+        if self._late_text:
+            events += self._text_delta("".join(self._late_text))
+        events += self._close_text()
         body = self.final = self.draft.finished(self.output, self.finish_reason, usage)
         name = "response.completed" if body["status"] == "completed" else "response.incomplete"
         return [*events, self.event(name, response=body)]
@@ -240,10 +247,11 @@ class ResponseEvents:
         )
 
     def _call_entry(self, entry: dict[str, Any]) -> list[bytes]:
-        """A first entry (id, name) opens the call item; the next carries all its arguments."""
+        """A first entry (id, name) opens a call item (closing the one before), the next ones
+        carry its arguments in fragments."""
         function = entry["function"]
         if "id" in entry:
-            events = self._close_text()
+            events = [*self._close_call(), *self._close_text()]
             self._call = call_item(entry["id"], function["name"], "", status="in_progress")
             index = len(self.output)
             events.append(
@@ -251,26 +259,31 @@ class ResponseEvents:
             )
             return events
         assert self._call is not None  # the chat stream sends the arguments after the name
-        arguments = function["arguments"]
+        self._arguments.append(function["arguments"])
         index, item_id = len(self.output), self._call["id"]
-        events = [
+        return [
             self.event(
                 "response.function_call_arguments.delta",
                 item_id=item_id,
                 output_index=index,
-                delta=arguments,
-            ),
-            self.event(
-                "response.function_call_arguments.done",
-                item_id=item_id,
-                output_index=index,
-                arguments=arguments,
-            ),
+                delta=function["arguments"],
+            )
         ]
+
+    def _close_call(self) -> list[bytes]:
+        if self._call is None:
+            return []
+        arguments = "".join(self._arguments)
+        index, item_id = len(self.output), self._call["id"]
+        done = self.event(
+            "response.function_call_arguments.done",
+            item_id=item_id,
+            output_index=index,
+            arguments=arguments,
+        )
         item = {**self._call, "arguments": arguments, "status": "completed"}
-        events.append(self._item_done(item))
-        self._call = None
-        return events
+        self._call, self._arguments = None, []
+        return [done, self._item_done(item)]
 
     def _item_done(self, item: dict[str, Any]) -> bytes:
         index = len(self.output)

@@ -135,6 +135,16 @@ async def check_constraint(requested: RequestedConstraint | None) -> None:
         raise InvalidParamError(requested.param, str(exc)) from None
 
 
+async def compiles(constraint: Constraint) -> bool:
+    """Whether a constraint the server adds on its own compiles in time (off the event
+    loop); one that does not is left out rather than refused."""
+    try:
+        await asyncio.wait_for(asyncio.to_thread(constraints.check, constraint), COMPILE_TIMEOUT_S)
+    except (TimeoutError, ConstraintError):
+        return False
+    return True
+
+
 def _json(param: str, schema: object) -> RequestedConstraint:
     if isinstance(schema, str):
         try:

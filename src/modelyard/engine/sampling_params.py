@@ -76,6 +76,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None
     """None: no logprobs. k >= 0: the sampled token's logprob plus the k most likely tokens'."""
     skip_special_tokens: bool = True
+    kept_special_tokens: list[str] = msgspec.field(default_factory=list)
+    """Special tokens the text keeps even when skip_special_tokens drops the others (Mistral's
+    tool-call marker `[TOOL_CALLS]` on requests offering tools); applied by the API process's
+    detokenizer. A string that is not one special token of the model changes nothing."""
     speculate: bool | None = None
     """Speculative decoding for this request: None follows the model's policy (long outputs
     only), True asks for it regardless of max_tokens, False turns it off. No effect on a model

@@ -1,6 +1,6 @@
 """End-to-end tool calling on SmolLM2-135M-Instruct (the shared e2e server) with the `openai`
-SDK: forced calls (required, named) validate against the tool's parameters, streamed deltas
-assemble to the non-streamed message, a second turn with the tool result is accepted,
+SDK: forced calls (required, named) validate against the tool's parameters, streamed argument
+fragments assemble to the non-streamed message, a second turn with the tool result is accepted,
 malformed tools are 400s. A tiny model: structure is asserted, not cleverness."""
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ def _client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def _create(client: openai.OpenAI, choice: Any, **extra: Any) -> Any:
+def _create(client: openai.OpenAI, choice: Any, max_tokens: int = 80, **extra: Any) -> Any:
     return client.chat.completions.create(
         model=E2E_MODEL,
         messages=QUESTION,
         tools=TOOLS,
         tool_choice=choice,
-        max_tokens=80,
+        max_tokens=max_tokens,
         temperature=0,
         **extra,
     )
@@ -75,8 +75,13 @@ def _check_calls(calls: list[Any]) -> None:
         jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
 
 
-def _streamed(client: openai.OpenAI, choice: Any) -> tuple[list[dict[str, str]], str | None]:
+def _streamed(
+    client: openai.OpenAI, choice: Any
+) -> tuple[list[dict[str, str]], str | None, list[int]]:
+    """The calls assembled from a stream, its finish reason and each call's number of argument
+    fragments."""
     calls: list[dict[str, str]] = []
+    fragments: list[int] = []
     finish = None
     for chunk in _create(client, choice, stream=True):
         if not chunk.choices:
@@ -86,10 +91,15 @@ def _streamed(client: openai.OpenAI, choice: Any) -> tuple[list[dict[str, str]],
             if entry.id is not None:
                 assert entry.index == len(calls)
                 assert entry.type == "function"
+                assert entry.function.arguments == ""
                 calls.append({"name": entry.function.name, "arguments": ""})
+                fragments.append(0)
+            else:
+                assert entry.function.name is None
+                fragments[entry.index] += 1
             calls[entry.index]["arguments"] += entry.function.arguments or ""
         finish = chunk.choices[0].finish_reason or finish
-    return calls, finish
+    return calls, finish, fragments
 
 
 @pytest.mark.parametrize(("choice", "finish"), [("required", "tool_calls"), (NAMED, "stop")])
@@ -108,7 +118,10 @@ def test_forced_calls_validate_and_stream_the_same(
     assert all(c.id.startswith("call_") and c.type == "function" for c in message.tool_calls)
     if choice is NAMED:
         assert {c["name"] for c in calls} == {"get_weather"}
-    assert _streamed(client, choice) == (calls, finish)
+    streamed, streamed_finish, fragments = _streamed(client, choice)
+    assert (streamed, streamed_finish) == (calls, finish)
+    _check_calls(streamed)
+    assert all(n > 1 for n in fragments)  # the arguments stream as they are generated
 
 
 def test_a_second_turn_with_the_tool_result_is_accepted(server: ServerProcess) -> None:
@@ -189,3 +202,18 @@ def test_sdk_parse_with_a_pydantic_tool_and_a_pydantic_response_format(
         temperature=0,
     )
     assert isinstance(answered.choices[0].message.parsed, GetWeather)
+
+
+def test_auto_mode_answers_text_or_calls_held_to_the_schemas(server: ServerProcess) -> None:
+    """Auto mode on a Hermes-format model: the model may write text, but a call it starts
+    follows the grammar (free text, then calls valid against the tools' parameters)."""
+    client = _client(server)
+    reply = _create(client, "auto", max_tokens=120)
+    [choice] = reply.choices
+    message = choice.message
+    assert "<tool_call>" not in (message.content or "")
+    if message.tool_calls:
+        _check_calls([c.function.model_dump() for c in message.tool_calls])
+        assert choice.finish_reason == "tool_calls"
+    else:
+        assert message.content

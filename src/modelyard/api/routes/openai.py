@@ -10,6 +10,8 @@ what the caller may use.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -30,9 +32,9 @@ from modelyard.api.openai_format import ChoiceText, OpenAIFormat, finish_reason_
 from modelyard.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from modelyard.api.routes.prefixes import resolve_named_prefix
 from modelyard.api.streaming import SSE_DONE, sse_error, sse_event, sse_response
-from modelyard.api.structured import check_constraint
+from modelyard.api.structured import check_constraint, compiles
 from modelyard.api.tools.definitions import ToolOffer
-from modelyard.api.tools.parsing import tool_calling
+from modelyard.api.tools.parsing import tool_calling, with_auto_grammar
 from modelyard.engine.client.errors import MissingCapabilityError
 from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
@@ -79,10 +81,15 @@ async def prepared_chat(
     body: ChatCompletionRequest,
 ) -> tuple[ToolOffer | None, SamplingParams, list[dict[str, Any]]]:
     """A chat request checked (tools, sampling, its constraint compiled off the event loop):
-    its tool offer, sampling params and template messages; 400s for what is malformed."""
+    its tool offer (in auto mode with the grammar of calls, when it compiles), sampling params
+    and template messages; 400s for what is malformed."""
     offer = body.checked_tool_offer()
     params = body.to_sampling_params()
     await check_constraint(body.requested_constraint())
+    if offer is not None and params.constraint is None:
+        grammar = offer.auto_constraint()
+        if grammar is not None and await compiles(grammar):
+            offer = dataclasses.replace(offer, auto_grammar=grammar)
     return offer, params, [m.as_template_message() for m in body.messages]
 
 
@@ -167,8 +174,15 @@ async def serve_openai(
     handed_off = False
     try:
         async with cancel_on_disconnect(request):
+            adapt = functools.partial(with_auto_grammar, tools) if tools is not None else None
             gen = await open_generation(
-                request, model, build, params, priority=priority, num_prompts=num_prompts
+                request,
+                model,
+                build,
+                params,
+                priority=priority,
+                num_prompts=num_prompts,
+                adapt_params=adapt,
             )
             tokenizer = gen.llm.tokenizer
             calling = tool_calling(tools, tokenizer) if tools is not None else None

@@ -11,6 +11,7 @@ for the same tenant only; an unknown, expired or other tenant's id is a 404.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from modelyard.api.responses_protocol import ResponsesRequest, responses_params
 from modelyard.api.responses_store import ResponseStore
 from modelyard.api.routes.openai import chat_prompt, collect_choices, prepared_chat
 from modelyard.api.streaming import sse_response
-from modelyard.api.tools.parsing import tool_calling
+from modelyard.api.tools.parsing import tool_calling, with_auto_grammar
 from modelyard.engine.client.protocol import LLMClient
 from modelyard.engine.messages import FinishReason
 from modelyard.gateway.request_path import principal_of, runs_model
@@ -87,7 +88,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     handed_off = False
     try:
         async with cancel_on_disconnect(request):
-            gen = await open_generation(request, body.model, build, params, priority=chat.priority)
+            adapt = functools.partial(with_auto_grammar, offer) if offer is not None else None
+            gen = await open_generation(
+                request, body.model, build, params, priority=chat.priority, adapt_params=adapt
+            )
             calling = tool_calling(offer, gen.llm.tokenizer) if offer is not None else None
             fmt = OpenAIFormat(
                 chat=True,

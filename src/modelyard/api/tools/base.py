@@ -1,15 +1,16 @@
 """What a tool-call parser reads out of a completion, and the contract every parser keeps.
 
-A parser turns the whole text of a completion into `ParsedOutput`: the calls it found and the
-text outside them. `final=False` (while streaming) reports only calls that can no longer
-change; `final=True` also accepts a last call whose closing marker never came. For streaming,
-`find_start` says where the calls begin and `pending_length` how much of the text's end may
-be the start of a call marker (held back from `delta.content`).
+A parser turns the text of a completion into `ParsedOutput`: the calls it found and the text
+outside them. A call counts as soon as its name is known, its arguments being the raw text the
+model has written so far (api/tools/scan.py), so the parse of a growing text only extends the
+parse of its prefix: the last call's arguments grow, calls are appended, none is withdrawn.
+`final=True` is the parse of a whole completion (its content is what the client gets).
+For streaming, `find_start` says where the calls begin and `pending_length` how much of the
+text's end may be the start of a call marker (held back from `delta.content`).
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -25,28 +26,15 @@ def new_call_id() -> str:
 @dataclass(frozen=True, slots=True)
 class ParsedCall:
     name: str  # the function's name
-    arguments: str  # its arguments, a JSON object as text
+    # its arguments as the model wrote them: the raw text of the JSON object (cut short when
+    # the completion was), or the decoded value of a JSON string holding them
+    arguments: str
 
 
 @dataclass(slots=True)
 class ParsedOutput:
     content: str  # the text outside the calls (stripped; "" when none)
     calls: list[ParsedCall] = field(default_factory=list)
-
-
-def as_call(obj: object, *argument_keys: str) -> ParsedCall | None:
-    """A call from a decoded JSON value `{"name": str, <argument key>: object}`, else None."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    arguments: object = next((obj[k] for k in argument_keys if k in obj), {})
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return ParsedCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 class ToolParser:

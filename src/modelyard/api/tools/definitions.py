@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from modelyard.api.tools.enforce import forced_calls
+from modelyard.api.tools.enforce import auto_calls, forced_calls
+from modelyard.api.tools.mistral import MARKER as MISTRAL_MARKER
 from modelyard.engine.constraints import Constraint
 from modelyard.engine.sampling_params import InvalidParamError
 
@@ -31,7 +32,7 @@ class FunctionDefinition(BaseModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None  # JSON Schema of the arguments (an object)
-    strict: bool | None = None  # accepted; forced calls always follow the schema
+    strict: bool | None = None  # accepted; calls held to grammars always follow the schema
 
 
 class ToolDefinition(BaseModel):
@@ -76,6 +77,14 @@ class ToolOffer:
     required: bool  # tool_choice "required" or a named function
     named: str | None  # the function tool_choice names
     parallel: bool  # parallel_tool_calls
+    # auto mode: the grammar keeping calls to the schemas once the model starts one, for
+    # models that write Hermes calls (set once it compiles: api/routes/openai.prepared_chat)
+    auto_grammar: Constraint | None = None
+
+    def kept_special_tokens(self) -> list[str]:
+        """Call markers that are special tokens, which the text must keep for the parser to
+        see them (Mistral's `[TOOL_CALLS]`); none for forced calls (Hermes text)."""
+        return [] if self.required else [MISTRAL_MARKER]
 
     def constraint(self) -> Constraint | None:
         """The grammar forcing the calls (required or named), else None (auto)."""
@@ -84,8 +93,19 @@ class ToolOffer:
         functions = [t["function"] for t in self.tools]
         if self.named is not None:
             functions = [f for f in functions if f["name"] == self.named]
-        schemas = {f["name"]: f.get("parameters") or NO_PARAMETERS for f in functions}
-        return forced_calls(schemas, parallel=self.parallel and self.named is None)
+        return forced_calls(_schemas(functions), parallel=self.parallel and self.named is None)
+
+    def auto_constraint(self) -> Constraint | None:
+        """In auto mode, the grammar of free text then calls valid against the schemas (Hermes
+        blocks, api/tools/enforce.py); None when calls are forced."""
+        if self.required:
+            return None
+        functions = [t["function"] for t in self.tools]
+        return auto_calls(_schemas(functions), parallel=self.parallel)
+
+
+def _schemas(functions: list[dict[str, Any]]) -> dict[str, Any]:
+    return {f["name"]: f.get("parameters") or NO_PARAMETERS for f in functions}
 
 
 class ToolFields(BaseModel):

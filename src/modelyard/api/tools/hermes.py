@@ -1,15 +1,14 @@
 """Hermes / Qwen tool calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one
-block per call, text around them is content. A block whose JSON does not parse stays content."""
+block per call, text around them is content. A block whose object names no function (not JSON,
+no `name`) stays content; an unclosed last block is a call once its name is known."""
 
 from __future__ import annotations
 
-import json
-import re
-
-from modelyard.api.tools.base import ParsedCall, ParsedOutput, ToolParser, as_call
+from modelyard.api.tools.base import ParsedCall, ParsedOutput, ToolParser
+from modelyard.api.tools.scan import scan_call, skip_space
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ARGUMENT_KEYS = ("arguments", "parameters")
 
 
 class HermesParser(ToolParser):
@@ -19,25 +18,33 @@ class HermesParser(ToolParser):
         calls: list[ParsedCall] = []
         kept: list[str] = []
         position = 0
-        for match in _BLOCK.finditer(text):
-            call = _decode(match.group(1))
+        while (opened := text.find(OPEN, position)) >= 0:
+            body_start = opened + len(OPEN)
+            closed = text.find(CLOSE, body_start)
+            if closed >= 0:
+                body, block_end = text[body_start:closed], closed + len(CLOSE)
+            else:
+                body, block_end = _without_partial_close(text[body_start:]), len(text)
+            call = _call(body)
+            kept.append(text[position:opened] if call is not None else text[position:block_end])
             if call is not None:
                 calls.append(call)
-                kept.append(text[position : match.start()])
-                position = match.end()
-        rest = text[position:]
-        start = rest.find(OPEN)
-        if final and start >= 0 and CLOSE not in rest[start:]:
-            call = _decode(rest[start + len(OPEN) :])
-            if call is not None:  # the last call, its closing tag never written
-                calls.append(call)
-                rest = rest[:start]
-        kept.append(rest)
+            position = block_end
+        kept.append(text[position:])
         return ParsedOutput("".join(kept).strip(), calls)
 
 
-def _decode(body: str) -> ParsedCall | None:
-    try:
-        return as_call(json.loads(body), "arguments", "parameters")
-    except ValueError:
+def _call(body: str) -> ParsedCall | None:
+    start = skip_space(body, 0)
+    if start >= len(body) or body[start] != "{":
         return None
+    scan = scan_call(body, start, _ARGUMENT_KEYS)
+    return ParsedCall(scan.name, scan.arguments) if scan.name is not None else None
+
+
+def _without_partial_close(body: str) -> str:
+    """An unclosed block's body, less an end that may begin the closing tag."""
+    for size in range(min(len(CLOSE) - 1, len(body)), 0, -1):
+        if body.endswith(CLOSE[:size]):
+            return body[:-size]
+    return body

@@ -1,15 +1,15 @@
 """Llama 3.x JSON tool calls: the completion is `{"name": ..., "parameters": {...}}` (or
 `"arguments"`), maybe after `<|python_tag|>`, several calls separated by `;`. As in vLLM, only a
-completion that starts with a call is read as calls; anything else is content."""
+completion that starts with a call is read as calls; anything else is content (so is text after
+the calls)."""
 
 from __future__ import annotations
 
-import json
-
-from modelyard.api.tools.base import ParsedCall, ParsedOutput, ToolParser, as_call
+from modelyard.api.tools.base import ParsedCall, ParsedOutput, ToolParser
+from modelyard.api.tools.scan import scan_call
 
 PYTHON_TAG = "<|python_tag|>"
-_DECODER = json.JSONDecoder()
+_ARGUMENT_KEYS = ("parameters", "arguments")
 
 
 class Llama3JsonParser(ToolParser):
@@ -19,24 +19,23 @@ class Llama3JsonParser(ToolParser):
         start = self.find_start(text)
         if start is None:
             return ParsedOutput(text.strip())
-        body = text[start:].removeprefix(PYTHON_TAG)
+        position = start + len(PYTHON_TAG) if text.startswith(PYTHON_TAG, start) else start
         calls: list[ParsedCall] = []
-        position = 0
         while True:
-            position = _skip(body, position)
-            if position >= len(body):
+            position = _skip(text, position)
+            if position >= len(text) or text[position] != "{":
                 break
-            try:
-                obj, position = _DECODER.raw_decode(body, position)
-            except ValueError:
+            scan = scan_call(text, position, _ARGUMENT_KEYS)
+            if scan.name is None:
                 break
-            call = as_call(obj, "parameters", "arguments")
-            if call is None:
+            calls.append(ParsedCall(scan.name, scan.arguments))
+            if scan.end is None:  # still open, or not JSON after the name: the last call
+                position = len(text)
                 break
-            calls.append(call)
-        if not calls or (final and position < len(body)):
-            return ParsedOutput(text.strip()) if final else ParsedOutput("", calls)
-        return ParsedOutput("", calls)
+            position = scan.end
+        if not calls:
+            return ParsedOutput(text.strip())
+        return ParsedOutput(text[position:].strip(), calls)
 
     def find_start(self, text: str) -> int | None:
         stripped = text.lstrip()

@@ -1,15 +1,14 @@
 """Mistral tool calls: `[TOOL_CALLS]` then a JSON array `[{"name": ..., "arguments": {...}}]`
-(or one object); the text before the marker is content. The marker is a special token: the
-model's requests must keep special tokens in the text (`skip_special_tokens=false`)."""
+(or one object); the text before the marker is content. The marker is a special token, kept in
+the text of requests that offer tools to a Mistral-format model (engine/client/detokenizer.py)."""
 
 from __future__ import annotations
 
-import json
-
-from modelyard.api.tools.base import ParsedOutput, ToolParser, as_call
+from modelyard.api.tools.base import ParsedCall, ParsedOutput, ToolParser
+from modelyard.api.tools.scan import scan_call, skip_space
 
 MARKER = "[TOOL_CALLS]"
-_DECODER = json.JSONDecoder()
+_ARGUMENT_KEYS = ("arguments", "parameters")
 
 
 class MistralParser(ToolParser):
@@ -19,13 +18,24 @@ class MistralParser(ToolParser):
         start = text.find(MARKER)
         if start < 0:
             return ParsedOutput(text.strip())
-        body = text[start + len(MARKER) :].lstrip()
-        try:
-            value, _ = _DECODER.raw_decode(body)
-        except ValueError:
-            return ParsedOutput(text.strip() if final else text[:start].strip())
-        items = value if isinstance(value, list) else [value]
-        calls = [as_call(item, "arguments", "parameters") for item in items]
-        if not calls or any(call is None for call in calls):
+        position = skip_space(text, start + len(MARKER))
+        if text.startswith("[", position):
+            position += 1
+        calls: list[ParsedCall] = []
+        while True:
+            position = skip_space(text, position)
+            if text.startswith(",", position):
+                position += 1
+                continue
+            if not text.startswith("{", position):
+                break
+            scan = scan_call(text, position, _ARGUMENT_KEYS)
+            if scan.name is None:
+                break
+            calls.append(ParsedCall(scan.name, scan.arguments))
+            if scan.end is None:
+                break
+            position = scan.end
+        if not calls:
             return ParsedOutput(text.strip())
-        return ParsedOutput(text[:start].strip(), [c for c in calls if c is not None])
+        return ParsedOutput(text[:start].strip(), calls)

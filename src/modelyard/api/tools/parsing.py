@@ -3,10 +3,13 @@ the `delta.tool_calls` of a streamed one.
 
 Streaming (`ToolCallStream`), per choice: text before the first call marker streams as
 `delta.content`, except an end that may begin a marker (held back until it is known); once a
-marker is seen, each call is sent as soon as it is complete, as OpenAI streams them: a first
-`tool_calls` entry with index, id, type, function.name and arguments "", then the arguments with
-the index only. At the end, what the whole-text parse finds beyond that is sent, so the
-assembled stream matches the non-streamed message.
+marker is seen, each call streams as OpenAI and vLLM stream them: as soon as its name is known,
+a first `tool_calls` entry with index, id, type, function.name and arguments "", then the
+arguments in fragments as the model writes them (entries with the index and
+`function.arguments` only). The fragments are the growth of the parse's raw arguments
+(api/tools/scan.py), so a call's fragments add up to `function.arguments` of the non-streamed
+message for the same text, a call cut by max_tokens included (both carry what was written). At
+the end, content the whole-text parse finds beyond what was sent (text after the calls) is sent.
 """
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from modelyard.api.tools.base import ParsedCall, ParsedOutput, ToolParser, new_call_id
 from modelyard.api.tools.definitions import ToolOffer
 from modelyard.api.tools.hermes import HermesParser
 from modelyard.api.tools.llama3 import Llama3JsonParser
 from modelyard.api.tools.mistral import MistralParser
 from modelyard.engine.client.chat_template import ToolFormat, chat_template_of, tool_format_of
-from modelyard.engine.client.protocol import Tokenizer
+from modelyard.engine.client.protocol import LLMClient, Tokenizer
+from modelyard.engine.sampling_params import SamplingParams
 
 _PARSERS: dict[ToolFormat, type[ToolParser]] = {
     ToolFormat.HERMES: HermesParser,
@@ -43,6 +49,20 @@ def tool_calling(offer: ToolOffer, tokenizer: Tokenizer) -> ToolCalling:
         tool_format = tool_format_of(chat_template_of(tokenizer))
     named = offer.named is not None
     return ToolCalling(parser_for(tool_format), offer.parallel, named=named, forced=offer.required)
+
+
+def with_auto_grammar(offer: ToolOffer, llm: LLMClient, params: SamplingParams) -> SamplingParams:
+    """The params of a request offering tools, served by `llm`: in auto mode, the offer's
+    grammar (free text, then calls valid against the schemas) when the model writes Hermes
+    calls and its engine serves structured output; the other formats stay free."""
+    grammar = offer.auto_grammar
+    if grammar is None or params.constraint is not None or params.ignore_eos:
+        return params
+    if not llm.capabilities.structured_output:
+        return params
+    if tool_format_of(chat_template_of(llm.tokenizer)) is not ToolFormat.HERMES:
+        return params
+    return msgspec.structs.replace(params, constraint=grammar)
 
 
 def call_body(call: ParsedCall) -> dict[str, Any]:
@@ -103,12 +123,12 @@ class ToolCallStream:
     text: str = ""  # everything generated so far
     sent: int = 0  # text[:sent] went out as content
     start: int | None = None  # where the calls begin
-    emitted: int = 0  # calls sent so far
+    arguments_sent: list[str] = field(default_factory=list)  # per call sent: its arguments so far
     content_sent: list[str] = field(default_factory=list)
 
     @property
     def called(self) -> bool:
-        return self.emitted > 0
+        return bool(self.arguments_sent)
 
     def feed(self, delta: str) -> StreamPiece:
         self.text += delta
@@ -124,7 +144,7 @@ class ToolCallStream:
     def finish(self) -> StreamPiece:
         """What remains once the completion has ended."""
         parsed = self.calling.parse(self.text, final=True)
-        if not parsed.calls and not self.emitted:
+        if not parsed.calls and not self.called:
             return StreamPiece(self._content_to(len(self.text)), [])
         said = "".join(self.content_sent).strip()
         rest = parsed.content[len(said) :] if parsed.content.startswith(said) else ""
@@ -141,11 +161,18 @@ class ToolCallStream:
         return piece
 
     def _calls(self, parsed: ParsedOutput) -> list[dict[str, Any]]:
+        """The entries that bring the client from what was sent to `parsed.calls`: a head per
+        new call, then each call's arguments written since."""
         entries: list[dict[str, Any]] = []
-        for call in parsed.calls[self.emitted :]:
-            body = call_body(call)
-            function = {"name": call.name, "arguments": ""}
-            entries.append({"index": self.emitted, **body, "function": function})
-            entries.append({"index": self.emitted, "function": {"arguments": call.arguments}})
-            self.emitted += 1
+        for index, call in enumerate(parsed.calls):
+            if index == len(self.arguments_sent):
+                body = call_body(call)
+                function = {"name": call.name, "arguments": ""}
+                entries.append({"index": index, **body, "function": function})
+                self.arguments_sent.append("")
+            sent = self.arguments_sent[index]
+            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
+                fragment = call.arguments[len(sent) :]
+                entries.append({"index": index, "function": {"arguments": fragment}})
+                self.arguments_sent[index] = call.arguments
         return entries

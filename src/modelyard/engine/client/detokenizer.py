@@ -17,6 +17,9 @@ The engine streams token ids; this module turns them into text deltas for one co
 3. Hold-back: while not finished, the last (longest stop string - 1) characters are kept back, so
    a partially matched stop string never reaches the client.
 
+Special tokens named in `kept_special_tokens` stay in the text when the others are skipped
+(Mistral's `[TOOL_CALLS]`, which its tool-call parser reads).
+
 Contract: with no stop string matched, the concatenation of all deltas (the last one with
 finished=True) equals `tokenizer.decode(output_ids, skip_special_tokens=...)` for byte-level BPE
 tokenizers (GPT-2, SmolLM2, Llama 3, Qwen2) when the tokenizer does not clean up spaces.
@@ -45,10 +48,50 @@ class DetokenizedDelta:
     num_tokens: int = 0  # tokens of the update that belong to the output (see step 2)
 
 
-def decoder(tokenizer: Tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
-    """`tokenizer.decode` for lists of ids. A Hugging Face fast tokenizer that does not clean up
-    spaces decodes in its Rust backend directly: the same text, without the ~25 us of Python
-    argument handling transformers adds to every call (two calls per generated token)."""
+def decoder(
+    tokenizer: Tokenizer, skip_special_tokens: bool, kept: Sequence[str] = ()
+) -> Callable[[list[int]], str]:
+    """`tokenizer.decode` for lists of ids, keeping the special tokens `kept` when the others
+    are skipped (see `keeping`)."""
+    decode = _plain_decoder(tokenizer, skip_special_tokens)
+    kept_ids = _special_ids(tokenizer, kept) if skip_special_tokens else {}
+    return keeping(decode, kept_ids) if kept_ids else decode
+
+
+def keeping(decode: Callable[[list[int]], str], kept: dict[int, str]) -> Callable[[list[int]], str]:
+    """`decode` that writes the tokens `kept` (id -> text) where they occur: the ids between
+    them are decoded apart (a SentencePiece space right after a kept token may be lost)."""
+
+    def run(ids: list[int]) -> str:
+        if kept.keys().isdisjoint(ids):
+            return decode(ids)
+        parts: list[str] = []
+        start = 0
+        for i, token in enumerate(ids):
+            if token in kept:
+                parts += [decode(ids[start:i]), kept[token]]
+                start = i + 1
+        parts.append(decode(ids[start:]))
+        return "".join(parts)
+
+    return run
+
+
+def _special_ids(tokenizer: Tokenizer, tokens: Sequence[str]) -> dict[int, str]:
+    """The ids of those `tokens` that are one special token of `tokenizer` (one id that
+    decoding with skip_special_tokens drops)."""
+    found: dict[int, str] = {}
+    for token in tokens:
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) == 1 and not tokenizer.decode(ids, skip_special_tokens=True):
+            found[ids[0]] = token
+    return found
+
+
+def _plain_decoder(tokenizer: Tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """A Hugging Face fast tokenizer that does not clean up spaces decodes in its Rust backend
+    directly: the same text, without the ~25 us of Python argument handling transformers adds
+    to every call (two calls per generated token)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
         decode = backend.decode
@@ -62,7 +105,7 @@ class IncrementalDetokenizer:
     def __init__(
         self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
-        self._decode = decoder(tokenizer, params.skip_special_tokens)
+        self._decode = decoder(tokenizer, params.skip_special_tokens, params.kept_special_tokens)
         self._stops = list(params.stop)
         self._include_stop = params.include_stop_str_in_output
         self._hold_back = max((len(s) for s in self._stops), default=1) - 1

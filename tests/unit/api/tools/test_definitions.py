@@ -115,3 +115,11 @@ def test_forced_grammar_with_parallel_calls_off_allows_one_call() -> None:
     text = forced_calls({"f": PARAMS}, parallel=False).spec
     assert text.startswith("start: call\n")
     assert '"<tool_call>\\n" %json {' in text
+
+
+def test_requests_offering_tools_keep_the_mistral_marker_forced_ones_do_not() -> None:
+    kept = request(tools=[TOOL]).to_sampling_params().kept_special_tokens
+    assert kept == ["[TOOL_CALLS]"]
+    assert request().to_sampling_params().kept_special_tokens == []
+    forced = request(tools=[TOOL], tool_choice="required").to_sampling_params()
+    assert forced.kept_special_tokens == []

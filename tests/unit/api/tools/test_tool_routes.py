@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -13,9 +15,13 @@ from api_helpers import make_client
 from fakes.llm import FakeLLM
 from fakes.models import FakeProvider
 from modelyard.api.app import build_app
+from modelyard.api.protocol import ChatCompletionRequest
 from modelyard.api.streaming import parse_sse
+from modelyard.api.tools.parsing import with_auto_grammar
 from modelyard.config import ModelyardConfig
+from modelyard.engine import constraints
 from modelyard.engine.client.protocol import EngineCapabilities
+from modelyard.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +65,33 @@ async def test_calls_come_back_as_message_tool_calls(
     assert call["type"] == "function"
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert tool_llm.rendered[-1][1] == [TOOL]  # the template got the tools
-    assert tool_llm.calls[-1].params.constraint is None  # auto: the model chooses
+    # auto: the model chooses; a Hermes-format model's calls are held to the schemas
+    offer = ChatCompletionRequest.model_validate(BODY).tool_offer()
+    assert offer is not None
+    assert tool_llm.calls[-1].params.constraint == offer.auto_constraint()
+
+
+async def test_auto_grammar_only_without_response_format_and_for_hermes_models(
+    tool_client: httpx.AsyncClient, tool_llm: FakeLLM
+) -> None:
+    json_format = {"type": "json_object"}
+    r = await tool_client.post(
+        "/v1/chat/completions", json={**BODY, "response_format": json_format}
+    )
+    assert r.status_code == 200, r.text
+    assert tool_llm.calls[-1].params.constraint == constraints.json_object()
+    offer = ChatCompletionRequest.model_validate(BODY).tool_offer()
+    assert offer is not None
+    offer = dataclasses.replace(offer, auto_grammar=offer.auto_constraint())
+    params = SamplingParams()
+    assert with_auto_grammar(offer, tool_llm, params).constraint == offer.auto_grammar
+    mistral = SimpleNamespace(
+        capabilities=tool_llm.capabilities,
+        tokenizer=SimpleNamespace(chat_template="{{ tools }} [TOOL_CALLS]"),
+    )
+    assert with_auto_grammar(offer, mistral, params) is params  # type: ignore[arg-type]
+    ray = FakeLLM(name="r", capabilities=EngineCapabilities(tools=True))
+    assert with_auto_grammar(offer, ray, params) is params  # no structured output: free
 
 
 async def test_streamed_deltas_assemble_to_the_same_message(tool_client: httpx.AsyncClient) -> None:

@@ -1,6 +1,8 @@
 import pytest
-from tiny_tokenizer import build_tokenizer
+from tiny_tokenizer import build_mistral_style_tokenizer, build_tokenizer
 
+from modelyard.api.tools.parsing import parser_for
+from modelyard.engine.client.chat_template import tool_format_of
 from modelyard.engine.client.detokenizer import IncrementalDetokenizer, decoder
 from modelyard.engine.sampling_params import SamplingParams
 
@@ -126,3 +128,26 @@ def test_backend_decoder_gives_the_tokenizers_text(skip: bool) -> None:
         assert decoder(tok, skip)(window) == tok.decode(window, skip_special_tokens=skip)
     tok.clean_up_tokenization_spaces = True  # transformers' own decode then (it may clean up)
     assert decoder(tok, skip)(ids) == tok.decode(ids, skip_special_tokens=skip)
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_a_kept_special_token_stays_and_the_others_are_skipped(chunk: int) -> None:
+    """Mistral's `[TOOL_CALLS]` reaches the tool parser; EOS and other special tokens do not
+    leak into the text."""
+    tok = build_mistral_style_tokenizer()
+    marker, inst, eos = (tok.convert_tokens_to_ids(t) for t in ("[TOOL_CALLS]", "[INST]", "</s>"))
+    calls = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    ids = [*tok.encode("Sure", add_special_tokens=False), marker, inst]
+    ids += [*tok.encode(calls, add_special_tokens=False), eos]
+    params = SamplingParams(kept_special_tokens=["[TOOL_CALLS]", "</nope>"])
+    detok = IncrementalDetokenizer(tok, [], params)
+    pieces = [
+        detok.update(ids[i : i + chunk], finished=i + chunk >= len(ids)).text
+        for i in range(0, len(ids), chunk)
+    ]
+    text = "".join(pieces)
+    assert text == "Sure[TOOL_CALLS]" + calls
+    assert "".join(stream(SamplingParams(), ids)[0]) == "Sure" + calls  # skipped by default
+    parsed = parser_for(tool_format_of(tok.chat_template)).parse(text, final=True)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", '{"city": "Paris"}')]
+    assert parsed.content == "Sure"

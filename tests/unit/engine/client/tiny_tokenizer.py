@@ -41,3 +41,21 @@ def build_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     return fast
+
+
+@functools.cache
+def build_mistral_style_tokenizer() -> PreTrainedTokenizerFast:
+    """The byte-level BPE above with Mistral's special tokens (`</s>` as EOS, `[TOOL_CALLS]`)
+    and a template that reads `tools` and writes `[TOOL_CALLS]`, as Mistral's do."""
+    tok = Tokenizer.from_str(build_tokenizer().backend_tokenizer.to_str())
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="</s>", clean_up_tokenization_spaces=False
+    )
+    fast.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[INST]"]})
+    fast.chat_template = (
+        "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}{% endif %}"
+        "{% for m in messages %}{% if m['role'] == 'user' %}[INST]{{ m['content'] }}[/INST]"
+        "{% elif m['tool_calls'] %}[TOOL_CALLS]{{ m['tool_calls'] | tojson }}</s>"
+        "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    )
+    return fast
