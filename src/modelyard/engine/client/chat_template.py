@@ -87,8 +87,11 @@ def render_chat(
     """The chat template over `messages` (and `tools`, OpenAI tool dicts), with the generation
     prompt, as token ids."""
     render = cast(Any, tokenizer).apply_chat_template
-    if tools and not supports_tools(chat_template_of(tokenizer)):
-        messages, tools = hermes_fallback(messages, tools), None
+    if not supports_tools(chat_template_of(tokenizer)):
+        if tools:
+            messages, tools = hermes_fallback(messages, tools), None
+        elif any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            messages = [_as_hermes_text(m) for m in messages]  # tool_choice "none" later on
     extra = {"tools": list(tools)} if tools else {}
     text = render([dict(m) for m in messages], tokenize=False, add_generation_prompt=True, **extra)
     return tokenizer.encode(str(text), add_special_tokens=False)
@@ -117,10 +120,22 @@ def _as_hermes_text(message: Mapping[str, Any]) -> dict[str, Any]:
     blocks = [
         "<tool_call>\n"
         + json.dumps(
-            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+            {"name": c["function"]["name"], "arguments": _arguments_value(c["function"])},
             ensure_ascii=False,
         )
         + "\n</tool_call>"
         for c in calls
     ]
     return {"role": role, "content": "\n".join([content, *blocks] if content else blocks)}
+
+
+def _arguments_value(function: Mapping[str, Any]) -> Any:
+    """A call's arguments as the model wrote them: the JSON value of OpenAI's arguments string
+    (the string itself when it is not JSON)."""
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments

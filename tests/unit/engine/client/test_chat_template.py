@@ -61,6 +61,16 @@ def test_a_template_without_tools_gets_the_hermes_block_and_calls_as_text() -> N
     assert "# Tools" not in tok.decode(render_chat(tok, TURNS[:1]))  # no tools: no block
 
 
+def test_earlier_calls_render_without_tools_and_arguments_strings_as_json() -> None:
+    tok = build_tokenizer()  # tool_choice "none" sends no tools, but the turns keep their calls
+    call = {**CALL, "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    turns = [TURNS[0], {**TURNS[1], "tool_calls": [call]}, TURNS[2]]
+    text = tok.decode(render_chat(tok, turns))
+    assert "# Tools" not in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
+    assert "<tool_response>\nsunny\n</tool_response>" in text
+
+
 def test_a_template_with_tools_renders_them_itself() -> None:
     tok = copy.deepcopy(build_tokenizer())
     tok.chat_template = TOOLS_TEMPLATE
