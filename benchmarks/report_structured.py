@@ -18,13 +18,13 @@ import targets
 
 INTRO = (
     "`structured_serving.py` serves SmolLM2 with `modelyard serve` and drives it with vLLM's "
-    "`vllm bench serve` at c=32: streaming chat requests with random 128-token prompts, greedy, "
+    "`vllm bench serve` at c=32: streaming completions with random 128-token prompts, greedy, "
     "either every one under a JSON Schema (`response_format`, a list of long strings) or none "
     "(EOS ignored), 128 output tokens in both (the schema's shortest answer is longer). The two "
     "variants alternate round by round on the same server, each run with prompts of its own, "
     "and each figure is the median of the per-round ratios. Compile time is the engine's "
-    "(`modelyard:structured_compile_seconds`) on a schema's first request; a second request "
-    "with the same schema finds it compiled."
+    "(`modelyard:structured_compile_seconds`, to the millisecond) on a schema's first request; "
+    "a second request with the same schema finds it compiled."
 )
 
 

