@@ -241,8 +241,8 @@ def measure(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
     compiled = compile_times(url)
     print(f"compile times: {json.dumps(compiled)}", flush=True)
     warm = argparse.Namespace(**{**vars(args), "num_requests": args.concurrency})
-    for variant in VARIANTS:  # compiles LONG_LIST, fills the batch once; seeds not reused
-        run_client(warm, url, tokenizer, args.seed + 1000, variant, folder)
+    for k, variant in enumerate(VARIANTS):  # compiles LONG_LIST, fills the batch once
+        run_client(warm, url, tokenizer, args.seed + 1000 + k, variant, folder)  # seeds of no round
     rounds = []
     for i in range(args.rounds):
         order = round_order(i)
