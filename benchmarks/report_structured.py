@@ -53,21 +53,23 @@ def _mean_tokens(data: dict[str, Any], variant: str) -> float:
 
 def ratio_table(runs: list[tuple[Path, dict[str, Any]]]) -> str:
     """One row per host: tok/s and ITL p50 ratios (median, range, verdict), output tokens."""
-    hosts: dict[str, list[dict[str, Any]]] = {}
+    hosts: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _, data in runs:
-        hosts.setdefault(targets.host_of(data["machine"]), []).append(data)
+        key = (targets.host_of(data["machine"]), data["args"]["dtype"])
+        hosts.setdefault(key, []).append(data)
     lines = [
-        "| host | runs | tok/s ÷ unconstrained (≥ 0.9) | ITL p50 ÷ unconstrained (≤ 1.1) "
-        "| output tokens per request |",
-        "|---|---|---|---|---|",
+        "| host | dtype | runs | tok/s ÷ unconstrained (≥ 0.9) | ITL p50 ÷ unconstrained (≤ 1.1) "
+        "| mean output tokens, JSON Schema / unconstrained |",
+        "|---|---|---|---|---|---|",
     ]
-    for host, found in sorted(hosts.items()):
+    for (host, dtype), found in sorted(hosts.items()):
         tok_s = [d["ratios_median"]["output_tok_s"] for d in found]
         itl = [d["ratios_median"]["itl_p50"] for d in found]
         con = statistics.fmean(_mean_tokens(d, "constrained") for d in found)
         unc = statistics.fmean(_mean_tokens(d, "unconstrained") for d in found)
         cells = [
             f"`{host}`",
+            dtype,
             str(len(found)),
             f"{_median_range(tok_s)}, {_verdict('structured_tok_s', tok_s)}",
             f"{_median_range(itl)}, {_verdict('structured_itl_p50', itl)}",
@@ -107,7 +109,10 @@ def section(results: Path, link_prefix: str) -> str | None:
     compiled = (
         f"Compile times in the latest run ([{name}]({link_prefix}{name}), "
         f"`{latest['machine'].get('host_kind')}`, {latest['machine'].get('cpu_model')}); "
-        "the second request's compile time was " + _second_compile(latest) + "."
+        f"the second request's compile time was {_second_compile(latest)}. The first "
+        "constrained request after the server starts also sets up the tokenizer for grammars "
+        "(a `json_object` request, before these): TTFT "
+        f"{latest['compile']['grammar_setup_request']['ttft_ms']:.0f} ms."
     )
     return "\n\n".join(
         [

