@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The battery behind docs/benchmarks.md's table for this host, one benchmark after another,
 # each holding /work/bench.lock (other users of a shared host wait), then the verdict on every
-# target (benchmarks/targets.py) over all the runs kept for this host. ~40 minutes on 2 cores.
+# target (benchmarks/targets.py) over all the runs kept for this host. ~50 minutes on 2 cores.
 # Results land in benchmarks/results/<host-kind>/HOST/, each as its benchmark's next free runN
-# (engine_throughput_run7.json, compare_servers_bfloat16_c32_run7/, ...). Usage:
+# (engine_throughput_run7.json, compare_servers_bfloat16_c32_run7/, structured_serving_run7.json,
+# ...). Usage:
 #   benchmarks/full_run.sh HOST [PEERS_DIR]      e.g. benchmarks/full_run.sh zen4
 # PEERS_DIR (default /work/sidecar) holds vllm-venv, llama-venv and the bf16 GGUF
 # (benchmarks/setup_peers.sh); LLAMA_VENV names another llama.cpp venv in it.
@@ -39,4 +40,6 @@ run "$PY" benchmarks/compare_servers.py --dtype float32 --sweep 1 --num-requests
   --servers modelyard vllm "${VLLM[@]}" --out "$R/$(next compare_servers_float32_c1)"
 run "$PY" benchmarks/serving.py --dtype bfloat16 --concurrency 32 --rounds 5
 mv "$KIND_DIR/serving_c32_bfloat16.json" "$R/$(next serving_c32_bfloat16).json"
+run "$PY" benchmarks/structured_serving.py --rounds 3 --num-requests 64 --concurrency 32 \
+  --vllm-python "$PEERS/vllm-venv/bin/python" --out "$HOST/$(next structured_serving)"
 "$PY" benchmarks/targets.py "$R" --json "$R/targets.json" | tee "$R/targets.md"

@@ -9,7 +9,8 @@ files give the same bytes (tests/unit/bench/test_report_page.py holds the page t
 Pipeline: `targets.read_results` gives each host's verdict per target; the compare_servers
 summaries of the same default runs give the absolute figures behind the plots; runs that played
 a lower kind (`--emulate`) or served the GGUF blocks (`--weights gguf`) get one table of their
-own; the other benchmarks' JSON give one line each (`report_other.py`).
+own; `structured_serving.py`'s runs give the "Structured output" section
+(`report_structured.py`); the other benchmarks' JSON give one line each (`report_other.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import report_other
+import report_structured
 import targets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +127,8 @@ verdict. `python benchmarks/targets.py benchmarks/results/<kind>/HOST` gives the
 and `python benchmarks/report_page.py` rewrites this page. The scripts, each runnable alone:
 `engine_throughput.py` (the engine in-process against transformers, the textbook loop and vLLM's
 offline generate, and the matmul ceiling), `compare_servers.py` (the servers through HTTP with
-`modelyard bench`), `serving.py` (HTTP against in-process), `aiperf_crosscheck.py`
+`modelyard bench`), `serving.py` (HTTP against in-process), `structured_serving.py` (requests
+under a JSON Schema against unconstrained ones, with `vllm bench serve`), `aiperf_crosscheck.py`
 (`modelyard bench` against NVIDIA's aiperf), `kernel_ab.py` (two kernel builds in one process),
 and those of [the other benchmarks](#other-benchmarks), e.g. `ray_routing.py [--replicas 3]`.
 """
@@ -335,6 +338,9 @@ def render(results: Path = RESULTS) -> str:
     for host in HOSTS:
         if host.label in verdicts:
             sections.append(_section(host, verdicts[host.label], figures[host.label]))
+    structured = report_structured.section(results, link_prefix="../benchmarks/results/")
+    if structured is not None:
+        sections.append(structured)
     sections.append(OTHER_HEAD + "\n" + other_configurations(results))
     sections.append(report_other.section(results, link_prefix="../benchmarks/results/"))
     return "\n\n".join(sections) + "\n"

@@ -10,7 +10,9 @@ or ran with a runner switch set (`MODELYARD_*`) are left out: the targets are fo
 The targets: through HTTP at c=32, output tok/s >= 1.3x vLLM's in bf16 and float32; at c=1,
 ITL p50 <= 0.75x vLLM's and <= llama.cpp's (bf16 GGUF); HTTP >= 0.95x the in-process engine at
 c=32; bf16 share of the adjacent matmul ceiling >= 40 % on `avx512-bf16` hosts and >= 25 % on
-`amx` hosts; peak RSS of the process tree <= vLLM's. `report_page.py` writes these verdicts,
+`amx` hosts; peak RSS of the process tree <= vLLM's; at c=32 with every request under a JSON
+Schema (`structured_serving.py`), output tok/s >= 0.9x and ITL p50 <= 1.1x unconstrained
+requests' on the same server. `report_page.py` writes these verdicts,
 per host, into docs/benchmarks.md.
 """
 
@@ -61,6 +63,8 @@ TARGETS = {
         Target("server_cost_float32", "HTTP / in-process tok/s, c=32 float32", 0.95, True),
         Target("rss_bfloat16", "peak RSS of the tree, c=32 bf16, modelyard / vLLM", 1.0, False),
         Target("rss_float32", "peak RSS of the tree, c=32 float32, modelyard / vLLM", 1.0, False),
+        Target("structured_tok_s", "c=32 tok/s, JSON Schema / unconstrained", 0.9, True),
+        Target("structured_itl_p50", "c=32 ITL p50, JSON Schema / unconstrained", 1.1, False),
     ]
 }
 
@@ -103,10 +107,17 @@ def _serving(data: dict[str, Any]) -> Iterator[tuple[str, float | None]]:
     )
 
 
+def _structured_serving(data: dict[str, Any]) -> Iterator[tuple[str, float | None]]:
+    if data["args"]["concurrency"] == 32:  # the targets' load; smaller runs are smoke tests
+        yield "structured_tok_s", data["ratios_median"]["output_tok_s"]
+        yield "structured_itl_p50", data["ratios_median"]["itl_p50"]
+
+
 READERS: dict[str, Callable[[dict[str, Any]], Iterator[tuple[str, float | None]]]] = {
     "compare_servers": _compare_servers,
     "engine_throughput": _engine_throughput,
     "serving": _serving,
+    "structured_serving": _structured_serving,
 }
 
 
