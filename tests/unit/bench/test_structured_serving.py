@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[3] / "benchmarks"))
 import report_structured  # noqa: E402
 import structured_serving as bench  # noqa: E402
 import targets  # noqa: E402
+import vllm_client  # noqa: E402
 
 MACHINE = {"host_kind": "avx2", "cpu_model": "AMD EPYC", "cpu_signature": "25/1/1"}
 MACHINE |= {"cache_size": "512 KB", "modelyard_env": {}, "time": "2026-12-07T20:00:00"}
@@ -38,7 +39,7 @@ def _vllm_result(tok_s: float, itl_ms: float, tokens: int, completed: int = 4) -
 
 
 def test_a_client_result_gives_the_per_run_figures() -> None:
-    metrics = bench.run_metrics(_vllm_result(400.0, 50.0, tokens=510))
+    metrics = vllm_client.run_metrics(_vllm_result(400.0, 50.0, tokens=510))
     assert metrics["output_tok_s"] == 400.0
     assert (metrics["itl_p50_ms"], metrics["itl_p99_ms"]) == (50.0, 150.0)
     assert metrics["mean_output_tokens"] == 127.5
@@ -47,8 +48,8 @@ def test_a_client_result_gives_the_per_run_figures() -> None:
 
 def _round(con_tok_s: float, con_itl: float) -> dict[str, Any]:
     runs = {
-        "unconstrained": bench.run_metrics(_vllm_result(400.0, 50.0, 512)),
-        "constrained": bench.run_metrics(_vllm_result(con_tok_s, con_itl, 512)),
+        "unconstrained": vllm_client.run_metrics(_vllm_result(400.0, 50.0, 512)),
+        "constrained": vllm_client.run_metrics(_vllm_result(con_tok_s, con_itl, 512)),
     }
     return {"runs": runs, "ratios": bench.round_ratios(runs)}
 
