@@ -10,9 +10,8 @@ import llguidance
 import llguidance.hf
 import llguidance.torch
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
+from grammar_helpers import EOS, VOCAB, byte_tokenizer
 from modelyard.api.protocol import ChatCompletionRequest
 from modelyard.api.tools.enforce import auto_calls
 from modelyard.api.tools.parsing import ToolCalling, parser_for
@@ -21,7 +20,6 @@ from modelyard.engine.client.chat_template import ToolFormat
 
 pytestmark = pytest.mark.unit
 
-EOS, VOCAB = 256, 257
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -34,27 +32,9 @@ TIME = '<tool_call>\n{"name":"get_time","arguments":{"zone":"CET"}}\n</tool_call
 FREE = 'Hello <b>world</b>, a <tool tag and {"json": 1}\n<tool_calls> no call here.'
 
 
-def _byte_chars() -> list[str]:
-    """GPT-2's byte -> printable character map, in byte order."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars: dict[int, str] = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> llguidance.LLTokenizer:
-    vocab = {ch: b for b, ch in enumerate(_byte_chars())}
-    vocab["<eos>"] = EOS
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    return llguidance.hf.from_tokenizer(fast, n_vocab=VOCAB, eos_token=EOS)
+    return byte_tokenizer()
 
 
 def _matcher(tokenizer: llguidance.LLTokenizer, parallel: bool = True) -> llguidance.LLMatcher:

@@ -12,8 +12,9 @@ import llguidance
 import llguidance.hf
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from grammar_helpers import EOS, byte_tokenizer
+from grammar_helpers import VOCAB as V
 from modelyard.engine import constraints
 from modelyard.engine.constraints import Constraint, ConstraintError
 from modelyard.engine.core.scheduler_output import ScheduledRequest
@@ -24,33 +25,10 @@ from modelyard.runner.structured.masks import allowed_tokens
 
 pytestmark = pytest.mark.unit
 
-EOS = 256
-V = 257
-
-
-def _byte_chars() -> list[str]:
-    """GPT-2's byte -> printable character map (the byte-level alphabet), in byte order."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars: dict[int, str] = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
 
 @pytest.fixture(scope="module")
 def tokenizer() -> llguidance.LLTokenizer:
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {ch: b for b, ch in enumerate(_byte_chars())}
-    vocab["<eos>"] = EOS
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    return llguidance.hf.from_tokenizer(fast, n_vocab=V, eos_token=EOS)
+    return byte_tokenizer()
 
 
 def _req(rid: str, output: list[int], constraint: Constraint | None) -> ScheduledRequest:
