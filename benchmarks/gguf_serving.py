@@ -201,7 +201,7 @@ def main() -> None:
     payload = {
         "machine": machine_info(),
         "peers": peers,
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "gguf": {"path": str(args.gguf), "bytes": args.gguf.stat().st_size},
         "kv": {"bytes": args.kv_bytes, "llamacpp_ctx_tokens": kv_tokens(args.gguf, args.kv_bytes)},
         "rounds": found,

@@ -8,6 +8,7 @@ shape its script writes is left out of the page, never guessed at.
 from __future__ import annotations
 
 import json
+import statistics
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +83,25 @@ def _aiperf(d: dict[str, Any]) -> str:
     )
 
 
+def _gguf(d: dict[str, Any]) -> str:
+    runs = [r["runs"] for r in d["rounds"]]
+
+    def median(server: str, field: str) -> float:
+        return statistics.median(r[server][field] for r in runs)
+
+    gb = d["gguf"]["bytes"] / 1e9
+    return (
+        f"a {gb:.2f} GB Q4_K_M GGUF of Llama-3.2-1B's shape served one request at a time: ITL "
+        f"p50 {median('modelyard', 'itl_p50_ms'):.1f} ms against llama.cpp's "
+        f"{median('llamacpp', 'itl_p50_ms'):.1f} ms ({d['ratios_median']['itl_p50']:g}×), TTFT "
+        f"p50 {median('modelyard', 'ttft_p50_ms'):.0f} against "
+        f"{median('llamacpp', 'ttft_p50_ms'):.0f} ms; peak RSS of the tree "
+        f"{median('modelyard', 'peak_rss_mb') / 1024:.2f} against "
+        f"{median('llamacpp', 'peak_rss_mb') / 1024:.2f} GiB with the same "
+        f"{d['kv']['bytes'] / 2**20:.0f} MiB of KV ({len(runs)} alternating rounds)"
+    )
+
+
 # (title, script, result file under benchmarks/results/, one sentence of figures)
 ENTRIES: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
     ("Many models", "multimodel.py", "avx2/multimodel.json", _multimodel),
@@ -97,6 +117,12 @@ ENTRIES: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
     ),
     ("Multi-LoRA", "lora.py", "amx/lora.json", _lora),
     ("The load generator", "aiperf_crosscheck.py", "avx2/aiperf_crosscheck.json", _aiperf),
+    (
+        "GGUF against llama.cpp",
+        "gguf_serving.py",
+        "avx2/gguf_serving_llama-1b-q4km_c1.json",
+        _gguf,
+    ),
 ]
 
 HEAD = """\

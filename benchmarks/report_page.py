@@ -128,7 +128,9 @@ and `python benchmarks/report_page.py` rewrites this page. The scripts, each run
 `engine_throughput.py` (the engine in-process against transformers, the textbook loop and vLLM's
 offline generate, and the matmul ceiling), `compare_servers.py` (the servers through HTTP with
 `modelyard bench`), `serving.py` (HTTP against in-process), `structured_serving.py` (requests
-under a JSON Schema against unconstrained ones, with `vllm bench serve`), `aiperf_crosscheck.py`
+under a JSON Schema against unconstrained ones, with `vllm bench serve`), `gguf_serving.py` (a
+GGUF served by modelyard and by llama.cpp's own server, with `vllm bench serve`; the model-shaped
+file from `random_gguf.py`), `aiperf_crosscheck.py`
 (`modelyard bench` against NVIDIA's aiperf), `kernel_ab.py` (two kernel builds in one process),
 and those of [the other benchmarks](#other-benchmarks), e.g. `ray_routing.py [--replicas 3]`.
 """

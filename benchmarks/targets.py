@@ -65,6 +65,10 @@ TARGETS = {
         Target("rss_float32", "peak RSS of the tree, c=32 float32, modelyard / vLLM", 1.0, False),
         Target("structured_tok_s", "c=32 tok/s, JSON Schema / unconstrained", 0.9, True),
         Target("structured_itl_p50", "c=32 ITL p50, JSON Schema / unconstrained", 1.1, False),
+        Target("gguf_itl_c1", "c=1 ITL p50 on a 1B Q4_K_M GGUF, modelyard / llama.cpp", 0.8, False),
+        Target(
+            "gguf_ttft_c1", "c=1 TTFT p50 on a 1B Q4_K_M GGUF, modelyard / llama.cpp", 1.0, False
+        ),
     ]
 }
 
@@ -113,11 +117,18 @@ def _structured_serving(data: dict[str, Any]) -> Iterator[tuple[str, float | Non
         yield "structured_itl_p50", data["ratios_median"]["itl_p50"]
 
 
+def _gguf_serving(data: dict[str, Any]) -> Iterator[tuple[str, float | None]]:
+    if data["args"]["concurrency"] == 1 and "q4km" in Path(data["gguf"]["path"]).stem:
+        yield "gguf_itl_c1", data["ratios_median"]["itl_p50"]
+        yield "gguf_ttft_c1", data["ratios_median"]["ttft_p50"]
+
+
 READERS: dict[str, Callable[[dict[str, Any]], Iterator[tuple[str, float | None]]]] = {
     "compare_servers": _compare_servers,
     "engine_throughput": _engine_throughput,
     "serving": _serving,
     "structured_serving": _structured_serving,
+    "gguf_serving": _gguf_serving,
 }
 
 
