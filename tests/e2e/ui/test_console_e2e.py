@@ -415,6 +415,7 @@ def test_agent_box_shows_the_answer_beside_the_chunks(
     assert scores == sorted(scores, reverse=True)
     assert _text(browser, "#agent-answer")  # the small model's answer, whatever its quality
     status = _text(browser, "#agent-status")
-    for step in ("plan", "retrieve", "answer", "refine"):
+    for step in ("search", "retrieve", "answer", "refine"):  # retrieval through the tool
         assert step in status
+    assert "searched: " in status  # the query the model wrote
     screenshot(browser, "agent")
