@@ -20,6 +20,7 @@ JSON outputs are compact: no whitespace between tokens, `,` and `:` as separator
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from typing import TYPE_CHECKING
 
@@ -104,18 +105,26 @@ def parser_limits() -> llguidance.LLParserLimits:
 
 def check(constraint: Constraint) -> None:
     """Raise ConstraintError(why) when the constraint cannot be compiled: a schema
-    with an unsupported keyword, a regex or grammar that does not parse, one over the limits."""
+    with an unsupported keyword, a regex or grammar that does not parse, one over the limits.
+    The verdicts of recent constraints are kept: clients send the same schema and tools on
+    every turn, and each is validated once."""
+    problem = _problem(constraint)
+    if problem is not None:
+        raise ConstraintError(problem)
+
+
+@functools.lru_cache(maxsize=256)
+def _problem(constraint: Constraint) -> str | None:
     if len(constraint.spec) > MAX_SPEC_CHARS:
-        raise ConstraintError(f"is longer than {MAX_SPEC_CHARS} characters")
+        return f"is longer than {MAX_SPEC_CHARS} characters"
     if constraint.kind is ConstraintKind.CHOICE and not json.loads(constraint.spec):
-        raise ConstraintError("must list at least one choice")
+        return "must list at least one choice"
     try:
         text = grammar_text(constraint)
     except ValueError as exc:
-        raise ConstraintError(f"is invalid: {exc}") from None
+        return f"is invalid: {exc}"
     error = llguidance.LLMatcher.validate_grammar(text, limits=parser_limits())
-    if error:
-        raise ConstraintError(f"is invalid: {error.strip()[:500]}")
+    return f"is invalid: {error.strip()[:500]}" if error else None
 
 
 def _canonical_json(value: object) -> str:
