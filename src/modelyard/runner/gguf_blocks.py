@@ -140,20 +140,35 @@ def _pack_rows(blocks: Blocks) -> torch.Tensor:
 
 
 def _quant_bytes(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """(P, B, 32 k, 16 rows) quants -> (P, B, bytes): signed bytes, or per k 8 bytes of nibbles
-    (row r low in byte r, row r + 8 high) then per k the rows' high bits as one word."""
+    """(P, B, 32 k, 16 rows) quants -> (P, B, bytes): signed bytes per k; or nibbles in groups of
+    4 k, 32 bytes a group, rows r and r + 8 (r < 8) in byte 4 r + k % 4 (low, high nibble), so
+    that a row's 4 k are adjacent bytes (the int8 dot products' operand), then the high bits:
+    5-bit quants per k as one word (row r at bit r), Q6_K's 2 bits in groups of 4 k, 16 bytes a
+    group (csrc/gguf_blocks.h)."""
     p, nb = q.shape[:2]
     if bits == 8:
         return q.to(torch.int8).view(torch.uint8).reshape(p, nb, -1)
-    low = q & 15
-    nibbles = (low[..., :8] | (low[..., 8:] << 4)).to(torch.uint8).reshape(p, nb, -1)
-    hb = bits - 4
-    if hb == 0:
+    grouped = q.reshape(p, nb, _SUB // 4, 4, _PANEL_ROWS).transpose(-1, -2)  # (P, B, 8, 16, 4)
+    low = grouped & 15
+    nibbles = (low[..., :8, :] | (low[..., 8:, :] << 4)).to(torch.uint8).reshape(p, nb, -1)
+    if bits == 4:
         return nibbles
-    shifts = torch.arange(_PANEL_ROWS, dtype=torch.int64) * hb
-    word = ((q.to(torch.int64) >> 4) << shifts).sum(dim=-1)  # (P, B, 32): disjoint bits
-    high = word.unsqueeze(-1).view(torch.uint8)[..., : 2 * hb]  # little-endian bytes
-    return torch.cat([nibbles, high.reshape(p, nb, -1)], dim=-1)
+    if bits == 5:
+        shifts = torch.arange(_PANEL_ROWS, dtype=torch.int64)
+        word = ((q.to(torch.int64) >> 4) << shifts).sum(dim=-1)  # (P, B, 32): disjoint bits
+        high = word.unsqueeze(-1).view(torch.uint8)[..., :2]  # little-endian bytes
+        return torch.cat([nibbles, high.reshape(p, nb, -1)], dim=-1)
+    return torch.cat([nibbles, _two_bit_groups(grouped >> 4).reshape(p, nb, -1)], dim=-1)
+
+
+def _two_bit_groups(h: torch.Tensor) -> torch.Tensor:
+    """(P, B, 8, 16 rows, 4 k) values 0-3 -> (P, B, 8, 16) bytes: with a group's nibble bytes as
+    two vectors of 32 (rows 0-7, rows 8-15; element i = row i / 4, k i % 4), byte j holds
+    elements j and j + 16 of the first (bits 0-1, 2-3) and of the second (bits 4-5, 6-7)."""
+    first = h[..., :8, :].flatten(-2)
+    second = h[..., 8:, :].flatten(-2)
+    out = first[..., :16] | (first[..., 16:] << 2) | (second[..., :16] << 4)
+    return (out | (second[..., 16:] << 6)).to(torch.uint8)
 
 
 # --- the file's block layouts (llama.cpp ggml-common.h; gguf.quants' numpy) -> (q, d, m)

@@ -37,9 +37,12 @@ from modelyard.runner.gguf_blocks import (
     layout_of,
     pack_gguf,
 )
+from modelyard.runner.kernel_config import KernelConfig
 
 __all__ = [
     "DECODE_ROWS",
+    "DOT_FLOAT",
+    "DOT_Q8",
     "Q4_1",
     "Q8_0",
     "Blocks",
@@ -51,6 +54,7 @@ __all__ = [
     "concat",
     "dequantize_blocks",
     "dequantize_gguf",
+    "dot_of",
     "kind_of",
     "pack_gguf",
     "packed_linear_gguf",
@@ -62,6 +66,7 @@ log = logging.getLogger(__name__)
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 DECODE_ROWS = 64  # up to this many rows a call runs the kernel, past it F.linear
+DOT_FLOAT, DOT_Q8 = 0, 1  # the kernel's products: float32, or int8 activations for one row
 
 # HF weight name (of layer {i}) -> the GGUF tensor name
 _LAYER_NAMES = {
@@ -73,6 +78,11 @@ _LAYER_NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+
+
+def dot_of(config: KernelConfig) -> int:
+    """The kernel's product for one row as the config's `gguf_dot` says."""
+    return DOT_Q8 if config.gguf_dot == "q8" else DOT_FLOAT
 
 
 class GGUFWeights:
@@ -130,11 +140,19 @@ def concat(parts: list[Blocks | None]) -> Blocks | None:
 
 
 def packed_linear_gguf(
-    x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    kind: int,
+    n: int,
+    bias: torch.Tensor | None,
+    dot: int = DOT_FLOAT,
 ) -> torch.Tensor:
     """x (M, K) float32 or bfloat16 contiguous -> x W^T (+ bias, float32) (M, N) of x's dtype,
-    W widened from `pack_gguf`'s panels in registers, sums in float32."""
-    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_gguf(x, packed, kind, n, bias)
+    W widened from `pack_gguf`'s panels in registers, sums in float32; with `DOT_Q8` one row
+    is quantized to int8 and multiplied by int8 dot products (csrc/gguf_dot.h)."""
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_linear_gguf(
+        x, packed, kind, n, bias, dot
+    )
     return out
 
 
@@ -147,16 +165,18 @@ def dequantize_gguf(packed: torch.Tensor, kind: int, n: int) -> torch.Tensor:
 class GGUFLinear:
     """y = x W^T + b on a weight kept as GGUF blocks (the `Linear` interface)."""
 
-    __slots__ = ("_bias", "_kind", "_packed", "out_features")
+    __slots__ = ("_bias", "_dot", "_kind", "_packed", "out_features")
 
-    def __init__(self, blocks: Blocks, bias: torch.Tensor | None) -> None:
+    def __init__(self, blocks: Blocks, bias: torch.Tensor | None, dot: int = DOT_FLOAT) -> None:
         self.out_features = blocks.n
-        self._kind = blocks.kind
+        self._kind, self._dot = blocks.kind, dot
         self._packed = pack_gguf(blocks)
         self._bias = None if bias is None else bias.float().contiguous()
 
     @staticmethod
-    def of_parts(parts: list[Blocks], bias: torch.Tensor | None) -> Projection:
+    def of_parts(
+        parts: list[Blocks], bias: torch.Tensor | None, dot: int = DOT_FLOAT
+    ) -> Projection:
         """The output rows of several weights in order (q, k, v): one layer when they are of
         one kind, else one per run of a kind, their outputs concatenated."""
         if len({p.k for p in parts}) != 1:
@@ -171,14 +191,16 @@ class GGUFLinear:
         for run in runs:
             joined = Blocks(run[0].kind, np.concatenate([p.raw for p in run]), run[0].k)
             run_bias = None if bias is None else bias[row : row + joined.n]
-            layers.append(GGUFLinear(joined, run_bias))
+            layers.append(GGUFLinear(joined, run_bias, dot))
             row += joined.n
         return layers[0] if len(layers) == 1 else _Concatenated(layers)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = self.out_features
         if x.shape[0] <= DECODE_ROWS:
-            return packed_linear_gguf(x.contiguous(), self._packed, self._kind, n, self._bias)
+            return packed_linear_gguf(
+                x.contiguous(), self._packed, self._kind, n, self._bias, self._dot
+            )
         weight = dequantize_gguf(self._packed, self._kind, n).to(x.dtype)
         return F.linear(x, weight, None if self._bias is None else self._bias.to(x.dtype))
 
@@ -197,11 +219,11 @@ class _Concatenated:
 
 
 def packed_swiglu_gguf(
-    x: torch.Tensor, packed: torch.Tensor, kind: int, width: int
+    x: torch.Tensor, packed: torch.Tensor, kind: int, width: int, dot: int = DOT_FLOAT
 ) -> torch.Tensor:
     """x (M, K) float32 or bfloat16 contiguous, `pack_swiglu_gguf` panels -> (M, I)
     silu(x Wg^T) * (x Wu^T), the (M, 2I) projections never written out."""
-    out: torch.Tensor = torch.ops.modelyard_kernels.packed_swiglu_gguf(x, packed, kind, width)
+    out: torch.Tensor = torch.ops.modelyard_kernels.packed_swiglu_gguf(x, packed, kind, width, dot)
     return out
 
 
@@ -219,27 +241,33 @@ class GGUFGatedMLP:
 
     __slots__ = ("_run", "width")
 
-    def __init__(self, gate: Blocks, up: Blocks, act: Literal["silu", "gelu_tanh"]) -> None:
+    def __init__(
+        self, gate: Blocks, up: Blocks, act: Literal["silu", "gelu_tanh"], dot: int = DOT_FLOAT
+    ) -> None:
         if gate.n != up.n or gate.k != up.k:
             raise ValueError("gate and up weights of different shapes")
         self.width = gate.n
         fused = act == "silu" and layout_of(gate.kind) == layout_of(up.kind)
-        self._run: Projection = _FusedSwiGLU(gate, up) if fused else _TwoLayers(gate, up, act)
+        self._run: Projection = (
+            _FusedSwiGLU(gate, up, dot) if fused else _TwoLayers(gate, up, act, dot)
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x)
 
 
 class _FusedSwiGLU:
-    __slots__ = ("_kind", "_packed", "_width")
+    __slots__ = ("_dot", "_kind", "_packed", "_width")
 
-    def __init__(self, gate: Blocks, up: Blocks) -> None:
-        self._kind, self._width = gate.kind, gate.n
+    def __init__(self, gate: Blocks, up: Blocks, dot: int) -> None:
+        self._kind, self._width, self._dot = gate.kind, gate.n, dot
         self._packed = pack_swiglu_gguf(gate, up)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= DECODE_ROWS:
-            return packed_swiglu_gguf(x.contiguous(), self._packed, self._kind, self._width)
+            return packed_swiglu_gguf(
+                x.contiguous(), self._packed, self._kind, self._width, self._dot
+            )
         panels = self._packed.view(-1, 2, *self._packed.shape[1:])
         wg, wu = (
             dequantize_gguf(panels[:, h].contiguous(), self._kind, self._width).to(x.dtype)
@@ -251,8 +279,11 @@ class _FusedSwiGLU:
 class _TwoLayers:
     __slots__ = ("_act", "_gate", "_up")
 
-    def __init__(self, gate: Blocks, up: Blocks, act: Literal["silu", "gelu_tanh"]) -> None:
-        self._gate, self._up, self._act = GGUFLinear(gate, None), GGUFLinear(up, None), act
+    def __init__(
+        self, gate: Blocks, up: Blocks, act: Literal["silu", "gelu_tanh"], dot: int
+    ) -> None:
+        self._gate, self._up = GGUFLinear(gate, None, dot), GGUFLinear(up, None, dot)
+        self._act = act
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self._gate(x), self._up(x)
@@ -266,8 +297,8 @@ class GGUFSwiGLU(GGUFGatedMLP):
 
     __slots__ = ()
 
-    def __init__(self, gate: Blocks, up: Blocks) -> None:
-        super().__init__(gate, up, "silu")
+    def __init__(self, gate: Blocks, up: Blocks, dot: int = DOT_FLOAT) -> None:
+        super().__init__(gate, up, "silu", dot)
 
 
 class GGUFEmbedding:

@@ -73,8 +73,9 @@ TORCH_LIBRARY(modelyard_kernels, m) {
   m.impl("packed_linear_bf16w", c10::DispatchKey::CPU, &packed_linear_bf16w);
   // gemm_gguf.cpp
   m.def(
-      "packed_linear_gguf(Tensor x, Tensor packed, int kind, int n, Tensor? bias) -> Tensor");
-  m.def("packed_swiglu_gguf(Tensor x, Tensor packed, int kind, int width) -> Tensor");
+      "packed_linear_gguf(Tensor x, Tensor packed, int kind, int n, Tensor? bias, int dot=0) -> "
+      "Tensor");
+  m.def("packed_swiglu_gguf(Tensor x, Tensor packed, int kind, int width, int dot=0) -> Tensor");
   m.def("dequantize_gguf(Tensor packed, int kind, int n) -> Tensor");
   m.impl("packed_swiglu_gguf", c10::DispatchKey::CPU, &packed_swiglu_gguf);
   m.impl("packed_linear_gguf", c10::DispatchKey::CPU, &packed_linear_gguf);

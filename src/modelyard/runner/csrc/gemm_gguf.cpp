@@ -25,6 +25,7 @@
 
 #include "claim.h"
 #include "gguf_blocks.h"
+#include "gguf_dot.h"
 #include "ops.h"
 #include "panels.h"
 
@@ -52,6 +53,11 @@ constexpr int64_t kWideAbove = 8;
 constexpr int64_t kWideMR = kMR == 4 ? 6 : kMR;
 // weight panels one row of x runs through at once
 constexpr int64_t kRowPanels = 4;
+// panels one row runs through at once by int8 dot products (gguf_dot.h): their int32 and float32
+// sums fill AVX2's 16 registers at 2
+constexpr int64_t kDotPanels = 2;
+// rows a panel's bytes are multiplied with at once: their int32 sums take 8 registers
+constexpr int64_t kDotMR = 4;
 
 // rows (<= kMR) of x (float32, ldx apart) times one panel (`blocks` 32-k blocks) -> sums
 template <Layout K, int MR>
@@ -192,21 +198,31 @@ void output_rows(int64_t m, T* y, int64_t n, int64_t col, const float* bias,
   }
 }
 
-// y's columns from col for one row of x: a unit's `count` weight panels, kRowPanels at a time,
-// each group prefetching its share of the next unit's bytes (at `next`)
+// y's columns from col for one row of x (with xq: as int8, by dot products): a unit's `count`
+// weight panels, kRowPanels (kDotPanels) at a time, each group prefetching its share of the next
+// unit's bytes (at `next`)
 template <Layout K, bool SWIGLU, typename T>
-void one_row_unit(const float* x, const uint8_t* panels, int64_t count, int64_t panel_bytes,
-                  int64_t blocks, const char* next, T* y, int64_t n, int64_t col,
-                  const float* bias) {
+void one_row_unit(const float* x, const Q8Row* xq, const uint8_t* panels, int64_t count,
+                  int64_t panel_bytes, int64_t blocks, const char* next, T* y, int64_t n,
+                  int64_t col, const float* bias) {
   constexpr int per = SWIGLU ? 2 : 1;
+  const int64_t at_once = xq != nullptr ? kDotPanels : kRowPanels;
   f16v sums[kPanelsPerUnit * per];
-  for (int64_t g = 0; g < count; g += kRowPanels) {
-    const int64_t group = std::min(kRowPanels, count - g);
+  for (int64_t g = 0; g < count; g += at_once) {
+    const int64_t group = std::min(at_once, count - g);
     const int64_t lines = group * panel_bytes / 64;
     const int64_t every = std::max<int64_t>(1, blocks * kBlockK / lines);
-    one_row_panels<K, kRowPanels>(static_cast<int>(group), x, panels + g * panel_bytes,
-                                  panel_bytes, blocks, sums + g,
-                                  next != nullptr ? next + g * panel_bytes : nullptr, every);
+    const char* pf = next != nullptr ? next + g * panel_bytes : nullptr;
+    const uint8_t* first = panels + g * panel_bytes;
+    if constexpr (has_dot<K>()) {
+      if (xq != nullptr) {
+        dot_row_panels<K, kDotPanels>(static_cast<int>(group), *xq, first, panel_bytes, blocks,
+                                      sums + g, pf, std::max<int64_t>(1, every / kGroupK));
+        continue;
+      }
+    }
+    one_row_panels<K, kRowPanels>(static_cast<int>(group), x, first, panel_bytes, blocks,
+                                  sums + g, pf, every);
   }
   for (int64_t q = 0; q < count / per; ++q) {
     const int64_t c = col + q * kNR;
@@ -219,8 +235,8 @@ void one_row_unit(const float* x, const uint8_t* panels, int64_t count, int64_t 
 // silu(x Wg^T) * (x Wu^T). Up to kMR rows widen each panel's quants in registers as they
 // stream in; more rows widen a panel once into a per-thread buffer and run from there.
 template <Layout K, bool SWIGLU, typename T>
-void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t panels,
-          const float* bias, T* yp, int64_t n) {
+void gemm(const float* xp, const Q8Rows* xq, int64_t m, int64_t k, const uint8_t* wp,
+          int64_t panels, const float* bias, T* yp, int64_t n) {
   constexpr int per = SWIGLU ? 2 : 1;  // weight panels per 16 output columns
   const int64_t blocks = k / kBlockK, panel_bytes = blocks * block_bytes(K);
   const int64_t outs = panels / per, units = (outs + kPanelsPerUnit - 1) / kPanelsPerUnit;
@@ -233,8 +249,24 @@ void gemm(const float* xp, int64_t m, int64_t k, const uint8_t* wp, int64_t pane
     const int64_t share = per * panel_bytes / 64;  // lines of the next unit per output panel
     const int64_t every = std::max<int64_t>(1, per * k / std::max<int64_t>(1, share));
     if (m == 1) {
-      return one_row_unit<K, SWIGLU>(xp, wp + q0 * per * panel_bytes, (q1 - q0) * per,
-                                     panel_bytes, blocks, next, yp, n, q0 * kNR, bias);
+      const Q8Row row = xq != nullptr ? row_of(*xq, 0, k) : Q8Row{};
+      return one_row_unit<K, SWIGLU>(xp, xq != nullptr ? &row : nullptr,
+                                     wp + q0 * per * panel_bytes, (q1 - q0) * per, panel_bytes,
+                                     blocks, next, yp, n, q0 * kNR, bias);
+    }
+    if constexpr (has_dot<K>()) {
+      if (xq != nullptr) {  // MR rows a panel by dot products
+        for (int64_t q = q0; q < q1; ++q) {
+          const uint8_t* panel = wp + q * per * panel_bytes;
+          output_rows<SWIGLU, kDotMR>(m, yp, n, q * kNR, bias,
+                                      [&](int h, int64_t i, int rows, f16v* sums) {
+                                        dot_rows_n<K, kDotMR>(rows, *xq, i, k,
+                                                              panel + h * panel_bytes, blocks,
+                                                              sums);
+                                      });
+        }
+        return;
+      }
     }
     if (m > kWideAbove) wide.resize(static_cast<size_t>(per * k * kNR));
     for (int64_t q = q0; q < q1; ++q) {
@@ -291,7 +323,7 @@ Layout checked_layout(const at::Tensor& packed, int64_t kind, int64_t n, int64_t
 
 template <bool SWIGLU>
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind, int64_t n,
-                  const float* bias, const char* name) {
+                  const float* bias, int64_t dot, const char* name) {
   const Layout l = checked_layout(packed, kind, n, SWIGLU ? 2 : 1, name);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
@@ -303,12 +335,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind, i
   const float* xp = xf.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const int64_t m = x.size(0), kk = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(dot == 0 || dot == 1, name, ": dot 0 (float32) or 1 (int8 activations)");
   with_layout(l, [&](auto layout) {
     constexpr Layout L = decltype(layout)::value;
+    thread_local Q8Rows rows;
+    const Q8Rows* xq = nullptr;
+    if (has_dot<L>() && dot == 1) {
+      quantize_rows(xp, m, kk, rows);
+      xq = &rows;
+    }
     if (x.scalar_type() == at::kFloat) {
-      gemm<L, SWIGLU>(xp, m, kk, wp, panels, bias, y.data_ptr<float>(), n);
+      gemm<L, SWIGLU>(xp, xq, m, kk, wp, panels, bias, y.data_ptr<float>(), n);
     } else {
-      gemm<L, SWIGLU>(xp, m, kk, wp, panels, bias, y.data_ptr<at::BFloat16>(), n);
+      gemm<L, SWIGLU>(xp, xq, m, kk, wp, panels, bias, y.data_ptr<at::BFloat16>(), n);
     }
   });
   return y;
@@ -336,21 +375,21 @@ namespace modelyard::ops {
 // x (M, K) float32 or bfloat16, K a multiple of 32; packed (ceil(N / 16), K / 32, block bytes)
 // from pack_gguf; bias (N,) float32 or undefined -> (M, N) of x's dtype
 at::Tensor packed_linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
-                              int64_t n, const c10::optional<at::Tensor>& bias) {
+                              int64_t n, const c10::optional<at::Tensor>& bias, int64_t dot) {
   const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 "packed_linear_gguf: float32 bias (N,)");
     bp = bias->data_ptr<float>();
   }
-  return linear<false>(x, packed, kind, n, bp, "packed_linear_gguf");
+  return linear<false>(x, packed, kind, n, bp, dot, "packed_linear_gguf");
 }
 
 // the same with pack_gguf's panels of gate and up rows in turn (16 each) -> (M, width)
 // silu(x Wg^T) * (x Wu^T)
 at::Tensor packed_swiglu_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
-                              int64_t width) {
-  return linear<true>(x, packed, kind, width, nullptr, "packed_swiglu_gguf");
+                              int64_t width, int64_t dot) {
+  return linear<true>(x, packed, kind, width, nullptr, dot, "packed_swiglu_gguf");
 }
 
 // pack_gguf's panels back to the (N, K) float32 weight they hold (the GGUF's dequantization)

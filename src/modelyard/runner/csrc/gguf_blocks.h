@@ -49,71 +49,66 @@ constexpr int64_t quant_bytes(Layout l) {
 }
 constexpr int64_t block_bytes(Layout l) { return scale_bytes(l) + quant_bytes(l); }
 
-// the high bits of row k's 16 columns (column c at bit c * high_bits): one 2- or 4-byte load
-template <Layout L>
+// the high bit of row k's 16 columns (5-bit quants: column c at bit c): one 2-byte load
 inline uint32_t high_word(const uint8_t* q, int64_t k) {
-  constexpr int hb = high_bits(L);
-  const uint8_t* h = q + kBlockK * 8 + k * 2 * hb;
-  if constexpr (hb == 1) {
-    uint16_t word;
-    std::memcpy(&word, h, sizeof(word));
-    return word;
-  } else {
-    uint32_t word;
-    std::memcpy(&word, h, sizeof(word));
-    return word;
-  }
+  uint16_t word;
+  std::memcpy(&word, q + kBlockK * 8 + k * 2, sizeof(word));
+  return word;
 }
 
-// part j of the 16 quants of row k of a block's quants q as int32 lanes, less the offset
-#if defined(__AVX512F__)
+// the nibbles come in groups of 4 k rows, 32 bytes a group: columns c and c + 8 (c < 8) of row
+// k in byte 4 c + k % 4 (low, high nibble), so one column's 4 k are adjacent bytes (gguf_dot.h's
+// operand); Q6_K's high bits in groups of 4 k too, 16 bytes a group: with the group's nibble
+// bytes as two vectors of 32 (columns 0-7, columns 8-15), byte j holds 2 bits of elements j and
+// j + 16 of the first (bits 0-1, 2-3) and of the second (4-5, 6-7)
+constexpr int64_t kGroupK = 4, kGroupBytes = 32, kHighGroupBytes = 16;
+
+#if defined(__AVX2__)
+// part j (columns 8 j .. 8 j + 7) of row k's quants as int32 lanes, less the offset
 template <Layout L>
-inline __m512i quant_ints(const uint8_t* q, int64_t k) {
-  if constexpr (L == kInt8) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 16)));
-  } else {  // the 8 bytes' low nibbles, then their high ones
-    const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 8));
-    const __m128i mask = _mm_set1_epi8(15);
-    __m512i ints = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(
-        _mm_and_si128(packed, mask), _mm_and_si128(_mm_srli_epi16(packed, 4), mask)));
-    constexpr int hb = high_bits(L);
-    if constexpr (hb > 0) {
-      const uint32_t word = high_word<L>(q, k);
-      const __m512i shifts = _mm512_mullo_epi32(
-          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-          _mm512_set1_epi32(hb));
-      const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word), shifts),
-                                            _mm512_set1_epi32((1 << hb) - 1));
-      ints = _mm512_or_si512(ints, _mm512_slli_epi32(high, 4));
-    }
-    if constexpr (offset(L) != 0) ints = _mm512_sub_epi32(ints, _mm512_set1_epi32(offset(L)));
-    return ints;
-  }
-}
-#elif defined(__AVX2__)
-template <Layout L>
-inline __m256i quant_ints(const uint8_t* q, int64_t k, int j) {
+inline __m256i quant_part(const uint8_t* q, int64_t k, int j) {
   if constexpr (L == kInt8) {
     const uint8_t* row = q + k * 16 + j * 8;
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
   } else {
-    const __m256i bytes =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 8)));
-    __m256i ints =
-        j == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15)) : _mm256_srli_epi32(bytes, 4);
-    constexpr int hb = high_bits(L);
-    if constexpr (hb > 0) {  // the k's word, one broadcast for both parts; part j's columns
-      // from bit 8 j hb
-      const __m256i word = _mm256_set1_epi32(high_word<L>(q, k));
-      const __m256i shifts = _mm256_add_epi32(
-          _mm256_setr_epi32(0, hb, 2 * hb, 3 * hb, 4 * hb, 5 * hb, 6 * hb, 7 * hb),
-          _mm256_set1_epi32(8 * hb * j));
-      const __m256i high =
-          _mm256_and_si256(_mm256_srlv_epi32(word, shifts), _mm256_set1_epi32((1 << hb) - 1));
+    const int64_t g = k / kGroupK, kk = k % kGroupK;
+    const __m256i group = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * kGroupBytes));
+    const __m256i bytes = _mm256_and_si256(
+        _mm256_srl_epi32(group, _mm_cvtsi32_si128(static_cast<int>(8 * kk))),
+        _mm256_set1_epi32(255));
+    __m256i ints = j == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15))
+                          : _mm256_srli_epi32(bytes, 4);
+    if constexpr (high_bits(L) == 1) {  // part j's columns from bit 8 j of the k's word
+      const __m256i shifts =
+          _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * j));
+      const __m256i high = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(high_word(q, k)), shifts), _mm256_set1_epi32(1));
+      ints = _mm256_or_si256(ints, _mm256_slli_epi32(high, 4));
+    } else if constexpr (high_bits(L) == 2) {  // columns 8 j + c: byte 4 (c % 4) + kk
+      const __m128i four = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(q + kBlockK * 8 + g * kHighGroupBytes));
+      const int s = static_cast<int>(8 * kk) + 4 * j;
+      const __m256i high = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_broadcastsi128_si256(four),
+                            _mm256_setr_epi32(s, s, s, s, s + 2, s + 2, s + 2, s + 2)),
+          _mm256_set1_epi32(3));
       ints = _mm256_or_si256(ints, _mm256_slli_epi32(high, 4));
     }
     if constexpr (offset(L) != 0) ints = _mm256_sub_epi32(ints, _mm256_set1_epi32(offset(L)));
     return ints;
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
+// the 16 quants of row k as int32 lanes, less the offset
+template <Layout L>
+inline __m512i quant_ints(const uint8_t* q, int64_t k) {
+  if constexpr (L == kInt8) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 16)));
+  } else {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(quant_part<L>(q, k, 0)),
+                              quant_part<L>(q, k, 1), 1);
   }
 }
 #endif
@@ -124,12 +119,14 @@ inline int quant_of(const uint8_t* q, int64_t k, int64_t c) {
   if constexpr (L == kInt8) {
     return static_cast<int8_t>(q[k * 16 + c]);
   } else {
-    const uint8_t* row = q + k * 8;
-    int v = c < 8 ? row[c] & 15 : row[c - 8] >> 4;
-    constexpr int hb = high_bits(L);
-    if constexpr (hb > 0) {
-      const uint32_t word = high_word<L>(q, k);
-      v |= static_cast<int>((word >> (c * hb)) & ((1u << hb) - 1)) << 4;
+    const int64_t g = k / kGroupK, kk = k % kGroupK, cc = c % 8;
+    const uint8_t byte = q[g * kGroupBytes + 4 * cc + kk];
+    int v = c < 8 ? byte & 15 : byte >> 4;
+    if constexpr (high_bits(L) == 1) {
+      v |= static_cast<int>((high_word(q, k) >> c) & 1) << 4;
+    } else if constexpr (high_bits(L) == 2) {
+      const uint8_t two = q[kBlockK * 8 + g * kHighGroupBytes + 4 * (cc % 4) + kk];
+      v |= ((two >> (4 * (c / 8) + 2 * (cc / 4))) & 3) << 4;
     }
     return v - offset(L);
   }
@@ -144,7 +141,7 @@ inline part quants(const uint8_t* q, int64_t k, int j) {
   const __m512 f = _mm512_cvtepi32_ps(quant_ints<L>(q, k));
   return reinterpret_cast<const part&>(f);
 #elif defined(__AVX2__)
-  const __m256 f = _mm256_cvtepi32_ps(quant_ints<L>(q, k, j));
+  const __m256 f = _mm256_cvtepi32_ps(quant_part<L>(q, k, j));
   return reinterpret_cast<const part&>(f);
 #else
   part out;

@@ -76,9 +76,9 @@ at::Tensor packed_linear_bf16w(const at::Tensor& x, const at::Tensor& packed, in
 
 // gemm_gguf.cpp
 at::Tensor packed_linear_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
-                              int64_t n, const c10::optional<at::Tensor>& bias);
+                              int64_t n, const c10::optional<at::Tensor>& bias, int64_t dot);
 at::Tensor packed_swiglu_gguf(const at::Tensor& x, const at::Tensor& packed, int64_t kind,
-                              int64_t width);
+                              int64_t width, int64_t dot);
 at::Tensor dequantize_gguf(const at::Tensor& packed, int64_t kind, int64_t n);
 
 }  // namespace modelyard::ops

@@ -17,7 +17,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from modelyard.runner.gguf_weights import Blocks, GGUFEmbedding, GGUFGatedMLP, GGUFLinear
+from modelyard.runner.gguf_weights import (
+    Blocks,
+    GGUFEmbedding,
+    GGUFGatedMLP,
+    GGUFLinear,
+    dot_of,
+)
 from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.linear import Linear, SwiGLU
 from modelyard.runner.lora.hooks import LoRAGatedMLP, LoRAProjection
@@ -140,7 +146,8 @@ def projection(source: WeightSource, names: Sequence[str], build: Build) -> Proj
         )
     parts = [source.blocks(f"{n}.weight") for n in names]
     if all(p is not None for p in parts):
-        return GGUFLinear.of_parts([p for p in parts if p is not None], bias)
+        present = [p for p in parts if p is not None]
+        return GGUFLinear.of_parts(present, bias, dot_of(build.kernel_config))
     weight = torch.cat([source.tensor(f"{n}.weight").to(build.dtype) for n in names])
     return build.linear(weight.contiguous(), None if bias is None else bias.to(build.dtype))
 
@@ -152,7 +159,7 @@ def gated_mlp(
     fused weight with the gate's rows first."""
     gate_blocks, up_blocks = _halves_blocks(source, names)
     if gate_blocks is not None and up_blocks is not None:
-        return GGUFGatedMLP(gate_blocks, up_blocks, activation)
+        return GGUFGatedMLP(gate_blocks, up_blocks, activation, dot_of(build.kernel_config))
     gate, up = gate_up_weights(source, names, build.dtype)
     if activation == "silu":
         return SwiGLU(gate, up, pack=build.pack, kernel_config=build.kernel_config)
@@ -191,7 +198,7 @@ def head(source: WeightSource, embed: torch.Tensor | None, tied: bool, build: Bu
         return projection(source, ["lm_head"], build)
     blocks = source.blocks("model.embed_tokens.weight")
     if blocks is not None:
-        return GGUFLinear(blocks, None)
+        return GGUFLinear(blocks, None, dot_of(build.kernel_config))
     if embed is None:
         raise ValueError("a tied lm_head without the embedding table")
     return build.linear(embed, None)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU
+from modelyard.runner.gguf_weights import GGUFLinear, GGUFSwiGLU, dot_of
 from modelyard.runner.kernel_config import KernelConfig
 from modelyard.runner.linear import Linear, SwiGLU
 from modelyard.runner.weights import WeightSource
@@ -262,10 +262,10 @@ class _Loader:
         gate, up, down = (f"{prefix}{name}.weight" for name in names)
         gate_blocks, up_blocks = self._source.blocks(gate), self._source.blocks(up)
         if gate_blocks is not None and up_blocks is not None and gate_blocks.kind == up_blocks.kind:
-            gate_up: Layer = GGUFSwiGLU(gate_blocks, up_blocks)
+            gate_up: Layer = GGUFSwiGLU(gate_blocks, up_blocks, dot_of(self._kernel_config))
         else:
             gate_up = self.swiglu(self.tensor(gate), self.tensor(up))
         down_blocks = self._source.blocks(down)
         if down_blocks is not None:
-            return _Expert(gate_up, GGUFLinear(down_blocks, None))
+            return _Expert(gate_up, GGUFLinear(down_blocks, None, dot_of(self._kernel_config)))
         return _Expert(gate_up, self.linear(self.tensor(down)))

@@ -1,0 +1,259 @@
+// One row of x times GGUF panels by int8 dot products (MODELYARD_GGUF_DOT=q8, the default), as
+// llama.cpp computes its quantized matrix-vector products: the row is quantized once per call to
+// int8 per 32-k block (x ~ dx q8, dx = max |x| / 127, q8 rounded to nearest), each column's
+// 4-bit or 6-bit quants are multiplied with it as bytes (AVX2 vpmaddubsw + vpmaddwd, or one
+// vpdpbusd with AVX-VNNI / AVX-512 VNNI) into int32 sums per sub-block, and only those are
+// scaled in float32: per 32 k, d dx sum(q q8) + m dx sum(q8) (Q4_1, Q4_K), d dx (sum(q q8) -
+// 8 sum(q8)) (Q4_0), and per 16 k with Q6_K's two scales, offset 32. A weight byte times an
+// activation byte takes a fifth of the instructions of widening both to float32; the cost is
+// the activations' rounding (relative error ~ 1 / 254 per element, a dot product's far less:
+// tests/unit/runner/test_gguf_dot.py, and the perplexity in the quality test).
+//
+// The panels are gguf_blocks.h's: a group of 4 k rows holds each column's 4 quants in adjacent
+// bytes (columns 0-7 as low nibbles, 8-15 as high ones), so one 32-byte load is 4 k of 16
+// columns and the row's 4 bytes at those k are one broadcast dword.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gguf_blocks.h"
+#include "panels.h"
+
+namespace modelyard::gguf {
+
+// the layouts the dot products read (Q4_0, Q4_1, Q4_K, Q6_K); the others widen to float32
+template <Layout L>
+constexpr bool has_dot() {
+#if defined(__AVX2__)
+  return L == kMin4 || L == kOff4 || L == kOff6;
+#else
+  return false;
+#endif
+}
+
+// rows of x as int8 per 32-k block: x ~ dx q8
+struct Q8Rows {
+  std::vector<int8_t> q;      // (M, K)
+  std::vector<float> dx;      // (M, K / 32)
+  std::vector<int32_t> sums;  // (M, K / 32, 2): sum(q8) over k 0-15, then over 16-31
+};
+
+// one of them
+struct Q8Row {
+  const int8_t* q;
+  const float* dx;
+  const int32_t* sums;
+};
+
+inline Q8Row row_of(const Q8Rows& rows, int64_t i, int64_t k) {
+  const int64_t blocks = k / kBlockK;
+  return {rows.q.data() + i * k, rows.dx.data() + i * blocks, rows.sums.data() + i * 2 * blocks};
+}
+
+// the m rows of x (k apart) into `out`, each 32-k block on its own scale
+inline void quantize_rows(const float* x, int64_t m, int64_t k, Q8Rows& out) {
+  const int64_t blocks = m * (k / kBlockK);
+  out.q.resize(static_cast<size_t>(m * k));
+  out.dx.resize(static_cast<size_t>(blocks));
+  out.sums.resize(static_cast<size_t>(2 * blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* xb = x + b * kBlockK;
+    float amax = 0.f;
+    for (int64_t i = 0; i < kBlockK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum[2] = {0, 0};
+    for (int64_t i = 0; i < kBlockK; ++i) {
+      const int v = static_cast<int>(std::nearbyint(xb[i] * inv));
+      out.q[b * kBlockK + i] = static_cast<int8_t>(std::clamp(v, -127, 127));
+      sum[i / 16] += out.q[b * kBlockK + i];
+    }
+    out.dx[b] = amax / 127.f;
+    out.sums[2 * b] = sum[0];
+    out.sums[2 * b + 1] = sum[1];
+  }
+}
+
+#if defined(__AVX2__)
+// acc + per dword the sum of 4 unsigned weight bytes times 4 signed activation bytes
+inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, w, x);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else  // |pair sums| <= 2 x 63 x 127: no int16 saturation
+  return _mm256_add_epi32(acc,
+                          _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+// group g's quants of one panel block (q: its quants) as two vectors of unsigned bytes:
+// columns 0-7 and 8-15, each column's 4 k adjacent
+template <Layout L>
+inline void group_bytes(const uint8_t* q, int64_t g, __m256i& first, __m256i& second) {
+  const __m256i raw =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * kGroupBytes));
+  const __m256i low4 = _mm256_set1_epi8(15);
+  first = _mm256_and_si256(raw, low4);
+  second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  if constexpr (L == kOff6) {  // lane 0 from bits 0-1 (4-5), lane 1 from bits 2-3 (6-7)
+    const __m256i two = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(q + kBlockK * 8 + g * kHighGroupBytes)));
+    const __m256i low2 = _mm256_set1_epi8(3);
+    const __m256i h0 = _mm256_and_si256(
+        _mm256_srlv_epi32(two, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), low2);
+    const __m256i h1 = _mm256_and_si256(
+        _mm256_srlv_epi32(two, _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)), low2);
+    first = _mm256_or_si256(first, _mm256_slli_epi16(h0, 4));
+    second = _mm256_or_si256(second, _mm256_slli_epi16(h1, 4));
+  }
+}
+
+// the float32 sums of P panels' 16 columns (each 2 x 8 lanes) after one 32-k block: the int32
+// sums acc (Off6: per half) scaled by the block's scales
+template <Layout L, int P>
+inline void fold_block(const uint8_t* block, int64_t panel_bytes, const __m256i (&acc)[P][2][2],
+                       float dx, const int32_t* xsum, __m256 (&out)[P][2]) {
+  for (int p = 0; p < P; ++p) {
+    const float* scale = reinterpret_cast<const float*>(block + p * panel_bytes);
+    for (int j = 0; j < 2; ++j) {
+      const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * j), _mm256_set1_ps(dx));
+      if constexpr (L == kMin4) {
+        const __m256 m = _mm256_loadu_ps(scale + kNR + 8 * j);
+        const float s = dx * static_cast<float>(xsum[0] + xsum[1]);
+        out[p][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[p][0][j]), d, out[p][j]);
+        out[p][j] = _mm256_fmadd_ps(m, _mm256_set1_ps(s), out[p][j]);
+      } else if constexpr (L == kOff4) {
+        const __m256i off = _mm256_set1_epi32(8 * (xsum[0] + xsum[1]));
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[p][0][j], off));
+        out[p][j] = _mm256_fmadd_ps(f, d, out[p][j]);
+      } else {  // Off6: the second scale for k 16..31
+        const __m256 d2 = _mm256_mul_ps(_mm256_loadu_ps(scale + kNR + 8 * j), _mm256_set1_ps(dx));
+        const __m256i off0 = _mm256_set1_epi32(32 * xsum[0]);
+        const __m256i off1 = _mm256_set1_epi32(32 * xsum[1]);
+        const __m256 f0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[p][0][j], off0));
+        const __m256 f1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[p][1][j], off1));
+        out[p][j] = _mm256_fmadd_ps(f1, d2, _mm256_fmadd_ps(f0, d, out[p][j]));
+      }
+    }
+  }
+}
+
+// x's row times P panels (`panel_bytes` apart) -> their 16 columns' float32 sums
+template <Layout L, int P>
+inline void dot_row(const Q8Row& x, const uint8_t* panels, int64_t panel_bytes, int64_t blocks,
+                    f16v* sums, const char* pf, int64_t pf_every) {
+  constexpr int kHalves = L == kOff6 ? 2 : 1;
+  __m256 out[P][2];
+  for (int p = 0; p < P; ++p) out[p][0] = out[p][1] = _mm256_setzero_ps();
+  Trickle trickle{pf, pf_every};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = panels + b * block_bytes(L);
+    const int8_t* xb = x.q + b * kBlockK;
+    __m256i acc[P][2][2];
+    for (int p = 0; p < P; ++p) {
+      for (int h = 0; h < kHalves; ++h) acc[p][h][0] = acc[p][h][1] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < kBlockK / kGroupK; ++g) {
+      trickle.step();
+      int32_t four;
+      std::memcpy(&four, xb + g * kGroupK, sizeof(four));
+      const __m256i xv = _mm256_set1_epi32(four);
+      const int h = kHalves == 2 && g >= 4 ? 1 : 0;
+      for (int p = 0; p < P; ++p) {
+        __m256i first, second;
+        group_bytes<L>(block + p * panel_bytes + scale_bytes(L), g, first, second);
+        acc[p][h][0] = dot4(acc[p][h][0], first, xv);
+        acc[p][h][1] = dot4(acc[p][h][1], second, xv);
+      }
+    }
+    fold_block<L, P>(block, panel_bytes, acc, x.dx[b], &x.sums[2 * b], out);
+  }
+  for (int p = 0; p < P; ++p) {
+    alignas(64) float row[kNR];
+    _mm256_store_ps(row, out[p][0]);
+    _mm256_store_ps(row + 8, out[p][1]);
+    std::memcpy(&sums[p], row, sizeof(row));
+  }
+}
+
+// acc's int32 sums of one row's (half) block scaled into out (16 floats): the block's float32
+// scales `scale` (Off6: of half h), dx and the row's sums of q8
+template <Layout L>
+inline void fold_row(const __m256i (&acc)[2], const float* scale, int h, float dx,
+                     const int32_t* xsum, float* out) {
+  for (int j = 0; j < 2; ++j) {
+    const __m256 o = _mm256_loadu_ps(out + 8 * j);
+    const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(scale + h * kNR + 8 * j), _mm256_set1_ps(dx));
+    __m256 r;
+    if constexpr (L == kMin4) {
+      const __m256 m = _mm256_loadu_ps(scale + kNR + 8 * j);
+      const float s = dx * static_cast<float>(xsum[0] + xsum[1]);
+      r = _mm256_fmadd_ps(m, _mm256_set1_ps(s),
+                          _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[j]), d, o));
+    } else {
+      const int32_t off = L == kOff4 ? 8 * (xsum[0] + xsum[1]) : 32 * xsum[h];
+      const __m256i v = _mm256_sub_epi32(acc[j], _mm256_set1_epi32(off));
+      r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, o);
+    }
+    _mm256_storeu_ps(out + 8 * j, r);
+  }
+}
+
+// MR rows (from row i0 of x) times one panel -> their 16 columns' float32 sums; each group of
+// quants is widened to bytes once for the MR rows
+template <Layout L, int MR>
+inline void dot_rows(const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panel,
+                     int64_t blocks, f16v* sums) {
+  constexpr int kHalves = L == kOff6 ? 2 : 1, kGroups = kBlockK / kGroupK / kHalves;
+  alignas(64) float out[MR][kNR] = {};
+  Q8Row rows[MR];
+  for (int r = 0; r < MR; ++r) rows[r] = row_of(x, i0 + r, k);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = panel + b * block_bytes(L);
+    for (int h = 0; h < kHalves; ++h) {
+      __m256i acc[MR][2];
+      for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int64_t g = h * kGroups; g < (h + 1) * kGroups; ++g) {
+        __m256i first, second;
+        group_bytes<L>(block + scale_bytes(L), g, first, second);
+        for (int r = 0; r < MR; ++r) {
+          int32_t four;
+          std::memcpy(&four, rows[r].q + b * kBlockK + g * kGroupK, sizeof(four));
+          const __m256i xv = _mm256_set1_epi32(four);
+          acc[r][0] = dot4(acc[r][0], first, xv);
+          acc[r][1] = dot4(acc[r][1], second, xv);
+        }
+      }
+      for (int r = 0; r < MR; ++r) {
+        fold_row<L>(acc[r], reinterpret_cast<const float*>(block), h, rows[r].dx[b],
+                    rows[r].sums + 2 * b, out[r]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) std::memcpy(&sums[r], out[r], sizeof(out[r]));
+}
+
+template <Layout L, int MR>
+void dot_rows_n(int rows, const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panel,
+                int64_t blocks, f16v* sums) {
+  if (rows == MR) return dot_rows<L, MR>(x, i0, k, panel, blocks, sums);
+  if constexpr (MR > 1) dot_rows_n<L, MR - 1>(rows, x, i0, k, panel, blocks, sums);
+}
+
+template <Layout L, int P>
+void dot_row_panels(int count, const Q8Row& x, const uint8_t* panels, int64_t panel_bytes,
+                    int64_t blocks, f16v* sums, const char* pf, int64_t pf_every) {
+  if (count == P) return dot_row<L, P>(x, panels, panel_bytes, blocks, sums, pf, pf_every);
+  if constexpr (P > 1) {
+    dot_row_panels<L, P - 1>(count, x, panels, panel_bytes, blocks, sums, pf, pf_every);
+  }
+}
+#endif
+
+}  // namespace modelyard::gguf
