@@ -49,7 +49,7 @@ _LAYOUTS = {
     Q4_0: _Layout(2, 32, 4, 8, 1, False),
     Q5_1: _Layout(3, 32, 5, 0, 1, True),
     Q5_0: _Layout(4, 32, 5, 16, 1, False),
-    Q4_K: _Layout(0, 256, 4, 0, 1, True),
+    Q4_K: _Layout(6, 256, 4, 0, 1, True),
     Q5_K: _Layout(3, 256, 5, 0, 1, True),
     Q6_K: _Layout(5, 256, 6, 32, 2, False),
 }
@@ -114,7 +114,8 @@ def dequantize_blocks(blocks: Blocks) -> torch.Tensor:
 
 def pack_gguf(blocks: Blocks) -> torch.Tensor:
     """The file's blocks -> (ceil(N / 16), K / 32, bytes) uint8 panels for the kernel (the
-    layout of csrc/gguf_blocks.h), `_PACK_ROWS` rows at a time."""
+    layout of csrc/gguf_blocks.h; Q4_K and Q6_K: (ceil(N / 16), K / 256, bytes), a header of
+    super-block scales and 8 blocks with byte sub-scales), `_PACK_ROWS` rows at a time."""
     parts = [
         _pack_rows(Blocks(blocks.kind, blocks.raw[r : r + _PACK_ROWS], blocks.k))
         for r in range(0, blocks.n, _PACK_ROWS)
@@ -133,10 +134,33 @@ def _pack_rows(blocks: Blocks) -> torch.Tensor:
         padded[:n] = t
         return padded.view(panels, _PANEL_ROWS, *t.shape[1:]).movedim(1, -1)
 
+    q = _quant_bytes(grouped(u.q.view(n, nb, _SUB)), spec.bits)  # from (P, B, 32 k, 16 rows)
+    if blocks.kind in (Q4_K, Q6_K):
+        head, sub = _k_scales_raw(blocks)  # (N, K / 256, 1 or 2) float32, (N, B, 2) uint8
+        head_bytes = grouped(head).contiguous().view(torch.uint8).view(panels, nb // 8, -1)
+        body = torch.cat([grouped(sub).reshape(panels, nb, -1), q], dim=-1)
+        return torch.cat([head_bytes, body.view(panels, nb // 8, -1)], dim=-1).contiguous()
     scales = [grouped(u.d)] + ([] if u.m is None else [grouped(u.m.unsqueeze(-1))])
     scale_bytes = torch.cat(scales, dim=2).contiguous().view(torch.uint8).view(panels, nb, -1)
-    q = grouped(u.q.view(n, nb, _SUB))  # (P, B, 32 k, 16 rows)
-    return torch.cat([scale_bytes, _quant_bytes(q, spec.bits)], dim=-1).contiguous()
+    return torch.cat([scale_bytes, q], dim=-1).contiguous()
+
+
+def _k_scales_raw(blocks: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """A K-quant's scales as the K layouts hold them: per 256 k float32 d (and dmin: Q4_K),
+    per 32 k the bytes (sc, mn) (Q4_K) or the int8 scales of its two halves (Q6_K)."""
+    n, supers = blocks.n, blocks.k // 256
+    raw = np.ascontiguousarray(blocks.raw).reshape(n * supers, -1)
+    if blocks.kind == Q4_K:
+        sc, mn = _k_sub_scales(raw)
+        head = np.concatenate([_f16(raw[:, 0:2]), _f16(raw[:, 2:4])], axis=-1)
+        sub = np.stack([sc, mn], axis=-1)  # (R, 8, 2)
+    else:
+        head = _f16(raw[:, 208:210])
+        sub = np.ascontiguousarray(raw[:, 192:208]).reshape(-1, 8, 2)
+    return (
+        torch.from_numpy(np.ascontiguousarray(head, dtype=np.float32)).view(n, supers, -1),
+        torch.from_numpy(np.ascontiguousarray(sub, dtype=np.uint8)).view(n, supers * 8, 2),
+    )
 
 
 def _quant_bytes(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -215,13 +239,19 @@ def _q8_0(raw: npt.NDArray[np.uint8]) -> _Unpacked:
     return np.ascontiguousarray(raw[:, 2:34]).view(np.int8), _f16(raw[:, 0:2])[:, None], None
 
 
+def _k_sub_scales(raw: npt.NDArray[np.uint8]) -> tuple[_Array, _Array]:
+    """Q4_K / Q5_K: 12 bytes of 6-bit scales and mins -> (R, 8) sc and (R, 8) mn, uint8."""
+    s = raw[:, 4:16].reshape(-1, 3, 4)
+    lo, mid, top = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([lo & 63, (top & 15) | ((lo >> 2) & 48)], axis=-1)
+    mn = np.concatenate([mid & 63, (top >> 4) | ((mid >> 2) & 48)], axis=-1)
+    return sc, mn
+
+
 def _k_scales(raw: npt.NDArray[np.uint8]) -> tuple[_Array, _Array]:
     """Q4_K / Q5_K: d, dmin, 12 bytes of 6-bit scales and mins -> (R, 8, 1) d sc and
     (R, 8) -dmin mn."""
-    s = raw[:, 4:16].reshape(-1, 3, 4)
-    lo, mid, top = s[:, 0], s[:, 1], s[:, 2]
-    sc = np.concatenate([lo & 63, (top & 15) | ((lo >> 2) & 48)], axis=-1).astype(np.float32)
-    mn = np.concatenate([mid & 63, (top >> 4) | ((mid >> 2) & 48)], axis=-1).astype(np.float32)
+    sc, mn = (v.astype(np.float32) for v in _k_sub_scales(raw))
     return (_f16(raw[:, 0:2]) * sc)[..., None], -(_f16(raw[:, 2:4]) * mn)
 
 

@@ -7,7 +7,9 @@ float weights. The blocks are repacked once at load into panels of 16 output row
 (`pack_gguf`), which `csrc/gemm_gguf.cpp` widens in registers at decode row counts. The weights it
 computes with are bit for bit gguf's own float32 dequantization (tested): the kernel only sums in
 its own order, so the model is the same model, with a step streaming 4-6x fewer bytes than in
-float32. Past `DECODE_ROWS` rows (prompts) a call dequantizes the panels and runs one `F.linear`.
+float32. Prompts run the same kernel (each panel widened once for all rows, or bytes times bytes
+with int8 activations): dequantizing a whole weight to call `F.linear` costs more than the
+product.
 An embedding table dequantizes only the rows it gathers (`GGUFEmbedding`).
 
 llama.cpp's converter stores q_proj and k_proj with the rows of each head interleaved for its
@@ -40,7 +42,6 @@ from modelyard.runner.gguf_blocks import (
 from modelyard.runner.kernel_config import KernelConfig
 
 __all__ = [
-    "DECODE_ROWS",
     "DOT_FLOAT",
     "DOT_Q8",
     "Q4_1",
@@ -65,7 +66,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
-DECODE_ROWS = 64  # up to this many rows a call runs the kernel, past it F.linear
 DOT_FLOAT, DOT_Q8 = 0, 1  # the kernel's products: float32, or int8 activations for one row
 
 # HF weight name (of layer {i}) -> the GGUF tensor name
@@ -197,12 +197,9 @@ class GGUFLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = self.out_features
-        if x.shape[0] <= DECODE_ROWS:
-            return packed_linear_gguf(
-                x.contiguous(), self._packed, self._kind, n, self._bias, self._dot
-            )
-        weight = dequantize_gguf(self._packed, self._kind, n).to(x.dtype)
-        return F.linear(x, weight, None if self._bias is None else self._bias.to(x.dtype))
+        return packed_linear_gguf(
+            x.contiguous(), self._packed, self._kind, n, self._bias, self._dot
+        )
 
 
 class _Concatenated:
@@ -264,16 +261,7 @@ class _FusedSwiGLU:
         self._packed = pack_swiglu_gguf(gate, up)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= DECODE_ROWS:
-            return packed_swiglu_gguf(
-                x.contiguous(), self._packed, self._kind, self._width, self._dot
-            )
-        panels = self._packed.view(-1, 2, *self._packed.shape[1:])
-        wg, wu = (
-            dequantize_gguf(panels[:, h].contiguous(), self._kind, self._width).to(x.dtype)
-            for h in (0, 1)
-        )
-        return F.silu(F.linear(x, wg)).mul_(F.linear(x, wu))
+        return packed_swiglu_gguf(x.contiguous(), self._packed, self._kind, self._width, self._dot)
 
 
 class _TwoLayers:

@@ -53,11 +53,11 @@ constexpr int64_t kWideAbove = 8;
 constexpr int64_t kWideMR = kMR == 4 ? 6 : kMR;
 // weight panels one row of x runs through at once
 constexpr int64_t kRowPanels = 4;
-// panels one row runs through at once by int8 dot products (gguf_dot.h): their int32 and float32
-// sums fill AVX2's 16 registers at 2
-constexpr int64_t kDotPanels = 2;
-// rows a panel's bytes are multiplied with at once: their int32 sums take 8 registers
+// rows a panel's bytes are multiplied with at once (gguf_dot.h), and panels one row is (their
+// sums take 8 of AVX2's 16 registers; Q6_K's need twice the registers)
 constexpr int64_t kDotMR = 4;
+template <Layout K>
+constexpr int64_t kDotPanels = K == kOff6 ? 2 : 4;
 
 // rows (<= kMR) of x (float32, ldx apart) times one panel (`blocks` 32-k blocks) -> sums
 template <Layout K, int MR>
@@ -66,9 +66,8 @@ inline void micro(const float* x, int64_t ldx, const uint8_t* panel, int64_t blo
   part acc[MR][kParts] = {};
   Trickle trickle{pf, pf_every};
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = panel + b * block_bytes(K);
-    const Scales<K> scales(block);
-    const uint8_t* q = block + scale_bytes(K);
+    const Scales<K> scales(panel, b);
+    const uint8_t* q = block_at<K>(panel, b) + scale_bytes(K);
     const float* xb = x + b * kBlockK;
     for (int64_t k = 0; k < kBlockK; ++k) {
       trickle.step();
@@ -99,9 +98,9 @@ inline void one_row(const float* x, const uint8_t* panels, int64_t panel_bytes, 
   part acc[P][kParts] = {};
   Trickle trickle{pf, pf_every};
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = panels + b * block_bytes(K);
+    const uint8_t* block = block_at<K>(panels, b);
     Scales<K> scales[P];
-    for (int p = 0; p < P; ++p) scales[p] = Scales<K>(block + p * panel_bytes);
+    for (int p = 0; p < P; ++p) scales[p] = Scales<K>(panels + p * panel_bytes, b);
     const float* xb = x + b * kBlockK;
     for (int64_t k = 0; k < kBlockK; ++k) {
       trickle.step();
@@ -129,11 +128,11 @@ void one_row_panels(int count, const float* x, const uint8_t* panels, int64_t pa
 template <Layout K>
 void widen_panel(const uint8_t* panel, int64_t blocks, float* w) {
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = panel + b * block_bytes(K);
-    const Scales<K> scales(block);
+    const Scales<K> scales(panel, b);
+    const uint8_t* q = block_at<K>(panel, b) + scale_bytes(K);
     for (int64_t k = 0; k < kBlockK; ++k) {
       part row[kParts];
-      weights<K>(block + scale_bytes(K), k, scales, row);
+      weights<K>(q, k, scales, row);
       float* out = w + (b * kBlockK + k) * kNR;
       for (int j = 0; j < kParts; ++j) *reinterpret_cast<part*>(out + j * kPartCols) = row[j];
     }
@@ -198,15 +197,15 @@ void output_rows(int64_t m, T* y, int64_t n, int64_t col, const float* bias,
   }
 }
 
-// y's columns from col for one row of x (with xq: as int8, by dot products): a unit's `count`
-// weight panels, kRowPanels (kDotPanels) at a time, each group prefetching its share of the next
-// unit's bytes (at `next`)
+// y's columns from col for row i of x (as int8 rows xq: by dot products): a unit's `count` weight
+// panels, kRowPanels (kDotPanels) at a time, each group prefetching its share of the next unit's
+// bytes (at `next`)
 template <Layout K, bool SWIGLU, typename T>
-void one_row_unit(const float* x, const Q8Row* xq, const uint8_t* panels, int64_t count,
+void one_row_unit(const float* x, const Q8Rows* xq, const uint8_t* panels, int64_t count,
                   int64_t panel_bytes, int64_t blocks, const char* next, T* y, int64_t n,
                   int64_t col, const float* bias) {
   constexpr int per = SWIGLU ? 2 : 1;
-  const int64_t at_once = xq != nullptr ? kDotPanels : kRowPanels;
+  const int64_t at_once = xq != nullptr ? kDotPanels<K> : kRowPanels;
   f16v sums[kPanelsPerUnit * per];
   for (int64_t g = 0; g < count; g += at_once) {
     const int64_t group = std::min(at_once, count - g);
@@ -216,8 +215,9 @@ void one_row_unit(const float* x, const Q8Row* xq, const uint8_t* panels, int64_
     const uint8_t* first = panels + g * panel_bytes;
     if constexpr (has_dot<K>()) {
       if (xq != nullptr) {
-        dot_row_panels<K, kDotPanels>(static_cast<int>(group), *xq, first, panel_bytes, blocks,
-                                      sums + g, pf, std::max<int64_t>(1, every / kGroupK));
+        dot_panels<K, kDotPanels<K>>(static_cast<int>(group), *xq, 0, blocks * kBlockK, first,
+                                     panel_bytes, blocks, sums + g, pf,
+                                     std::max<int64_t>(1, every / kGroupK));
         continue;
       }
     }
@@ -238,7 +238,7 @@ template <Layout K, bool SWIGLU, typename T>
 void gemm(const float* xp, const Q8Rows* xq, int64_t m, int64_t k, const uint8_t* wp,
           int64_t panels, const float* bias, T* yp, int64_t n) {
   constexpr int per = SWIGLU ? 2 : 1;  // weight panels per 16 output columns
-  const int64_t blocks = k / kBlockK, panel_bytes = blocks * block_bytes(K);
+  const int64_t blocks = k / kBlockK, panel_bytes = panel_bytes_of(K, blocks);
   const int64_t outs = panels / per, units = (outs + kPanelsPerUnit - 1) / kPanelsPerUnit;
   const int64_t unit_bytes = kPanelsPerUnit * per * panel_bytes;
   modelyard::for_each_claimed(units, [&](int64_t unit, int64_t following, bool) {
@@ -249,21 +249,20 @@ void gemm(const float* xp, const Q8Rows* xq, int64_t m, int64_t k, const uint8_t
     const int64_t share = per * panel_bytes / 64;  // lines of the next unit per output panel
     const int64_t every = std::max<int64_t>(1, per * k / std::max<int64_t>(1, share));
     if (m == 1) {
-      const Q8Row row = xq != nullptr ? row_of(*xq, 0, k) : Q8Row{};
-      return one_row_unit<K, SWIGLU>(xp, xq != nullptr ? &row : nullptr,
-                                     wp + q0 * per * panel_bytes, (q1 - q0) * per, panel_bytes,
-                                     blocks, next, yp, n, q0 * kNR, bias);
+      return one_row_unit<K, SWIGLU>(xp, xq, wp + q0 * per * panel_bytes, (q1 - q0) * per,
+                                     panel_bytes, blocks, next, yp, n, q0 * kNR, bias);
     }
     if constexpr (has_dot<K>()) {
-      if (xq != nullptr) {  // MR rows a panel by dot products
+      if (xq != nullptr) {  // kDotMR rows at a time by dot products
         for (int64_t q = q0; q < q1; ++q) {
           const uint8_t* panel = wp + q * per * panel_bytes;
-          output_rows<SWIGLU, kDotMR>(m, yp, n, q * kNR, bias,
-                                      [&](int h, int64_t i, int rows, f16v* sums) {
-                                        dot_rows_n<K, kDotMR>(rows, *xq, i, k,
-                                                              panel + h * panel_bytes, blocks,
-                                                              sums);
-                                      });
+          const char* pf = next != nullptr ? next + (q - q0) * share * 64 : nullptr;
+          output_rows<SWIGLU, kDotMR>(
+              m, yp, n, q * kNR, bias, [&](int h, int64_t i, int rows, f16v* sums) {
+                const char* lines = pf != nullptr && i == 0 ? pf + h * (share / per) * 64 : nullptr;
+                dot_rows<K, kDotMR>(rows, *xq, i, k, panel + h * panel_bytes, blocks, sums,
+                                      lines, std::max<int64_t>(1, every / kGroupK));
+              });
         }
         return;
       }
@@ -303,10 +302,11 @@ void with_layout(Layout layout, const F& f) {
     case kMin5: return f(std::integral_constant<Layout, kMin5>{});
     case kOff5: return f(std::integral_constant<Layout, kOff5>{});
     case kOff6: return f(std::integral_constant<Layout, kOff6>{});
+    case kMin4K: return f(std::integral_constant<Layout, kMin4K>{});
   }
 }
 
-// the packed weight's layout, checked against its shape (panels, blocks, block bytes); `per`
+// the packed weight's layout, checked against its shape (panels, units, unit bytes); `per`
 // weight panels make 16 output columns
 Layout checked_layout(const at::Tensor& packed, int64_t kind, int64_t n, int64_t per,
                       const char* name) {
@@ -314,7 +314,7 @@ Layout checked_layout(const at::Tensor& packed, int64_t kind, int64_t n, int64_t
               ": kind 0 (Q4_1) to 7 (Q6_K): Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K");
   const Layout l = layout_of(static_cast<Kind>(kind));
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == block_bytes(l) && packed.size(0) % per == 0,
+                  packed.size(2) == unit_bytes(l) && packed.size(0) % per == 0,
               name, ": weight not from pack_gguf for this kind");
   const int64_t outs = packed.size(0) / per;
   TORCH_CHECK(n > (outs - 1) * kNR && n <= outs * kNR, name, ": shapes do not match");
@@ -327,7 +327,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind, i
   const Layout l = checked_layout(packed, kind, n, SWIGLU ? 2 : 1, name);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
-                  x.size(1) == packed.size(1) * kBlockK,
+                  x.size(1) == packed.size(1) * unit_blocks(l) * kBlockK,
               name, ": contiguous float32 or bfloat16 (M, K) input, K = 32 x the blocks");
   const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   auto y = at::empty({x.size(0), n}, x.options());
@@ -360,7 +360,7 @@ void dequantize_into(const uint8_t* wp, int64_t panels, int64_t blocks, int64_t 
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> wide(static_cast<size_t>(k_len * kNR));
     for (int64_t p = begin; p < end; ++p) {
-      widen_panel<K>(wp + p * blocks * block_bytes(K), blocks, wide.data());
+      widen_panel<K>(wp + p * panel_bytes_of(K, blocks), blocks, wide.data());
       for (int64_t c = 0; c < std::min(kNR, n - p * kNR); ++c) {
         for (int64_t k = 0; k < k_len; ++k) out[(p * kNR + c) * k_len + k] = wide[k * kNR + c];
       }
@@ -395,7 +395,7 @@ at::Tensor packed_swiglu_gguf(const at::Tensor& x, const at::Tensor& packed, int
 // pack_gguf's panels back to the (N, K) float32 weight they hold (the GGUF's dequantization)
 at::Tensor dequantize_gguf(const at::Tensor& packed, int64_t kind, int64_t n) {
   const Layout l = checked_layout(packed, kind, n, 1, "dequantize_gguf");
-  const int64_t blocks = packed.size(1);
+  const int64_t blocks = packed.size(1) * unit_blocks(l);
   auto out = at::empty({n, blocks * kBlockK}, packed.options().dtype(at::kFloat));
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   with_layout(l, [&](auto layout) {

@@ -1,13 +1,15 @@
 // The GGUF blocks of gemm_gguf.cpp as its panels hold them. A file's block type (Kind) is
-// repacked at load (runner.gguf_blocks.pack_gguf) into one of six layouts; per (panel, 32-k block):
-// the 16 columns' float32 scales d, then (with a min, or Q6_K's second scale for k 16..31) 16
-// more floats, then per k the 16 columns' quants: Int8 16 signed bytes; the others 8 bytes of
-// low nibbles (column c in the low nibble of byte c, column c + 8 in its high nibble), then after
-// all 32 k rows of nibbles, per k the columns' high bits (1 a column for 5-bit quants, 2 for
-// Q6_K's 6-bit ones; column c at bit c * bits of the k's little-endian 2- or 4-byte word).
-// A weight is d (q - offset), or d q + min: the same float32 operations as gguf's own numpy
-// dequantization (d q is exact), so the same bits. One k row is widened to float32 parts
-// (panels.h).
+// repacked at load (runner.gguf_blocks.pack_gguf) into one of seven layouts, per panel of 16
+// columns a run of 32-k blocks: the block's scales, then its quants. The scales are the 16
+// columns' float32 d (then, with a min, 16 float32 m); in the K layouts (Q4_K, Q6_K) a header of
+// float32 super-block scales opens every 8 blocks (256 k: d and dmin, Q6_K's d) and a block
+// holds its 6-bit sub-scales as bytes (Q4_K: sc, then mn; Q6_K: the int8 scales of k 0-15, then
+// of k 16-31), as the file does: 4.75 and 6.6 bits a weight where float32 sub-scales took 6 and
+// 8. The quants: Int8 16 signed bytes per k; the others nibbles in groups of 4 k (below), then
+// high bits (5-bit quants: per k a 2-byte word, column c at bit c; Q6_K: grouped, below).
+// A weight is d (q - offset), or d q + m, with a K layout's d = d_super sc and m = -(dmin mn)
+// formed as gguf's numpy dequantization forms them (exact products), so the same float32 bits.
+// One k row is widened to float32 parts (panels.h).
 #pragma once
 
 #include <cstdint>
@@ -26,28 +28,92 @@ constexpr int64_t kBlockK = 32;
 // the file's block types (runner.gguf_blocks' kinds)
 enum Kind : int64_t { kQ4_1, kQ8_0, kQ4_0, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, kKinds };
 
-// the panels' layouts: Min4 d q + m (Q4_1, Q4_K: sub-blocks of 32 with float d and m), Int8
-// d q (Q8_0), Off4 d (q - 8) (Q4_0), Min5 (Q5_1, Q5_K), Off5 d (q - 16) (Q5_0), Off6
-// d (q - 32) with one d per 16 k (Q6_K)
-enum Layout : int { kMin4, kInt8, kOff4, kMin5, kOff5, kOff6 };
+// the panels' layouts: Min4 d q + m (Q4_1: float d and m), Int8 d q (Q8_0), Off4 d (q - 8)
+// (Q4_0), Min5 (Q5_1, Q5_K), Off5 d (q - 16) (Q5_0), Off6 d (q - 32) with one d per 16 k
+// (Q6_K, a K layout), Min4K d q + m (Q4_K, a K layout)
+enum Layout : int { kMin4, kInt8, kOff4, kMin5, kOff5, kOff6, kMin4K };
 
 constexpr Layout layout_of(Kind kind) {
-  constexpr Layout layouts[kKinds] = {kMin4, kInt8, kOff4, kOff5, kMin5, kMin4, kMin5, kOff6};
+  constexpr Layout layouts[kKinds] = {kMin4, kInt8, kOff4, kOff5, kMin5, kMin4K, kMin5, kOff6};
   return layouts[kind];
 }
 
-constexpr bool has_min(Layout l) { return l == kMin4 || l == kMin5; }
+constexpr bool has_min(Layout l) { return l == kMin4 || l == kMin5 || l == kMin4K; }
 constexpr int high_bits(Layout l) { return l == kMin5 || l == kOff5 ? 1 : l == kOff6 ? 2 : 0; }
 constexpr int offset(Layout l) { return l == kOff4 ? 8 : l == kOff5 ? 16 : l == kOff6 ? 32 : 0; }
+constexpr bool is_k(Layout l) { return l == kMin4K || l == kOff6; }
 
 // bytes of one (panel, 32-k block): the scales (and mins), then the quants
 constexpr int64_t scale_bytes(Layout l) {
-  return (has_min(l) || l == kOff6 ? 2 : 1) * kNR * 4;
+  return is_k(l) ? 2 * kNR : (has_min(l) ? 2 : 1) * kNR * 4;
 }
 constexpr int64_t quant_bytes(Layout l) {
   return l == kInt8 ? kBlockK * kNR : kBlockK * (kNR / 2 + kNR / 8 * high_bits(l));
 }
 constexpr int64_t block_bytes(Layout l) { return scale_bytes(l) + quant_bytes(l); }
+
+// a panel is a run of units: one block, or in a K layout the header and 8 blocks
+constexpr int64_t kSuperBlocks = 8;
+constexpr int64_t header_bytes(Layout l) {
+  return l == kMin4K ? 2 * kNR * 4 : l == kOff6 ? kNR * 4 : 0;
+}
+constexpr int64_t unit_blocks(Layout l) { return is_k(l) ? kSuperBlocks : 1; }
+constexpr int64_t unit_bytes(Layout l) { return header_bytes(l) + unit_blocks(l) * block_bytes(l); }
+constexpr int64_t panel_bytes_of(Layout l, int64_t blocks) {
+  return blocks / unit_blocks(l) * unit_bytes(l);
+}
+
+// block b of a panel
+template <Layout L>
+inline const uint8_t* block_at(const uint8_t* panel, int64_t b) {
+  if constexpr (is_k(L)) {
+    return panel + b / kSuperBlocks * unit_bytes(L) + header_bytes(L) +
+           b % kSuperBlocks * block_bytes(L);
+  } else {
+    return panel + b * block_bytes(L);
+  }
+}
+
+// block b's 16 columns' float32 scales d (s[0]) and mins m (Min*: s[1]) or second scales (Off6:
+// of k 16..31); a K layout's formed as numpy forms them: d sc, -(dmin mn), exact products
+template <Layout L>
+inline void block_scales(const uint8_t* panel, int64_t b, float (&s)[2][kNR]) {
+  const uint8_t* block = block_at<L>(panel, b);
+  if constexpr (!is_k(L)) {
+    std::memcpy(s, block, scale_bytes(L));
+  } else {
+    const float* head = reinterpret_cast<const float*>(panel + b / kSuperBlocks * unit_bytes(L));
+#if defined(__AVX2__)
+    for (int j = 0; j < 2; ++j) {  // columns 8 j .. 8 j + 7
+      const __m128i one = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8 * j));
+      const __m128i two = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kNR + 8 * j));
+      const __m256 d = _mm256_loadu_ps(head + 8 * j);
+      if constexpr (L == kMin4K) {
+        const __m256 m = _mm256_mul_ps(_mm256_loadu_ps(head + kNR + 8 * j),
+                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(two)));
+        _mm256_storeu_ps(s[0] + 8 * j,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(one))));
+        _mm256_storeu_ps(s[1] + 8 * j, _mm256_xor_ps(m, _mm256_set1_ps(-0.f)));
+      } else {
+        _mm256_storeu_ps(s[0] + 8 * j,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(one))));
+        _mm256_storeu_ps(s[1] + 8 * j,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(two))));
+      }
+    }
+#else
+    for (int64_t c = 0; c < kNR; ++c) {
+      if constexpr (L == kMin4K) {
+        s[0][c] = head[c] * static_cast<float>(block[c]);
+        s[1][c] = -(head[kNR + c] * static_cast<float>(block[kNR + c]));
+      } else {
+        s[0][c] = head[c] * static_cast<float>(static_cast<int8_t>(block[c]));
+        s[1][c] = head[c] * static_cast<float>(static_cast<int8_t>(block[kNR + c]));
+      }
+    }
+#endif
+  }
+}
 
 // the high bit of row k's 16 columns (5-bit quants: column c at bit c): one 2-byte load
 inline uint32_t high_word(const uint8_t* q, int64_t k) {
@@ -152,16 +218,17 @@ inline part quants(const uint8_t* q, int64_t k, int j) {
 #endif
 }
 
-// one block's scales (d) and mins (m; Off6: the scales of k 16..31) as parts
+// block b's scales (d) and mins (m; Off6: the scales of k 16..31) as parts
 template <Layout L>
 struct Scales {
   part d[kParts], m[kParts];
   Scales() = default;
-  explicit Scales(const uint8_t* block) {
-    const float* scale = reinterpret_cast<const float*>(block);
+  Scales(const uint8_t* panel, int64_t b) {
+    alignas(64) float s[2][kNR] = {};
+    block_scales<L>(panel, b, s);
     for (int j = 0; j < kParts; ++j) {
-      d[j] = load_part(scale, j);
-      m[j] = scale_bytes(L) > kNR * 4 ? load_part(scale + kNR, j) : part{};
+      d[j] = load_part(s[0], j);
+      m[j] = load_part(s[1], j);
     }
   }
 };

@@ -29,7 +29,7 @@ namespace modelyard::gguf {
 template <Layout L>
 constexpr bool has_dot() {
 #if defined(__AVX2__)
-  return L == kMin4 || L == kOff4 || L == kOff6;
+  return L == kMin4 || L == kMin4K || L == kOff4 || L == kOff6;
 #else
   return false;
 #endif
@@ -78,16 +78,35 @@ inline void quantize_rows(const float* x, int64_t m, int64_t k, Q8Rows& out) {
 }
 
 #if defined(__AVX2__)
-// acc + per dword the sum of 4 unsigned weight bytes times 4 signed activation bytes
-inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, w, x);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, w, x);
-#else  // |pair sums| <= 2 x 63 x 127: no int16 saturation
-  return _mm256_add_epi32(acc,
-                          _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
 #endif
+
+// groups of 4 k whose byte products one sum lane holds before it is widened: vpdpbusd sums in
+// int32; AVX2's vpmaddubsw in int16, where pairs of |q| <= 15 (Q6_K: 63) times |q8| <= 127 stay
+// below 2^15 over 8 groups of 4-bit quants (2 of 6-bit ones)
+template <Layout L>
+constexpr int64_t span() {
+  return kVnni || L != kOff6 ? 8 : 2;
+}
+
+// sums + per lane the products of the weight bytes w (unsigned) and the row's bytes x (signed)
+inline __m256i products(__m256i sums, __m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(sums, w, x);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(sums, w, x);
+#else
+  return _mm256_add_epi16(sums, _mm256_maddubs_epi16(w, x));
+#endif
+}
+
+// products' sums as int32 per 4 bytes
+inline __m256i widened(__m256i sums) {
+  if constexpr (kVnni) return sums;
+  return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
 }
 
 // group g's quants of one panel block (q: its quants) as two vectors of unsigned bytes:
@@ -112,75 +131,6 @@ inline void group_bytes(const uint8_t* q, int64_t g, __m256i& first, __m256i& se
   }
 }
 
-// the float32 sums of P panels' 16 columns (each 2 x 8 lanes) after one 32-k block: the int32
-// sums acc (Off6: per half) scaled by the block's scales
-template <Layout L, int P>
-inline void fold_block(const uint8_t* block, int64_t panel_bytes, const __m256i (&acc)[P][2][2],
-                       float dx, const int32_t* xsum, __m256 (&out)[P][2]) {
-  for (int p = 0; p < P; ++p) {
-    const float* scale = reinterpret_cast<const float*>(block + p * panel_bytes);
-    for (int j = 0; j < 2; ++j) {
-      const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * j), _mm256_set1_ps(dx));
-      if constexpr (L == kMin4) {
-        const __m256 m = _mm256_loadu_ps(scale + kNR + 8 * j);
-        const float s = dx * static_cast<float>(xsum[0] + xsum[1]);
-        out[p][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[p][0][j]), d, out[p][j]);
-        out[p][j] = _mm256_fmadd_ps(m, _mm256_set1_ps(s), out[p][j]);
-      } else if constexpr (L == kOff4) {
-        const __m256i off = _mm256_set1_epi32(8 * (xsum[0] + xsum[1]));
-        const __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[p][0][j], off));
-        out[p][j] = _mm256_fmadd_ps(f, d, out[p][j]);
-      } else {  // Off6: the second scale for k 16..31
-        const __m256 d2 = _mm256_mul_ps(_mm256_loadu_ps(scale + kNR + 8 * j), _mm256_set1_ps(dx));
-        const __m256i off0 = _mm256_set1_epi32(32 * xsum[0]);
-        const __m256i off1 = _mm256_set1_epi32(32 * xsum[1]);
-        const __m256 f0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[p][0][j], off0));
-        const __m256 f1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[p][1][j], off1));
-        out[p][j] = _mm256_fmadd_ps(f1, d2, _mm256_fmadd_ps(f0, d, out[p][j]));
-      }
-    }
-  }
-}
-
-// x's row times P panels (`panel_bytes` apart) -> their 16 columns' float32 sums
-template <Layout L, int P>
-inline void dot_row(const Q8Row& x, const uint8_t* panels, int64_t panel_bytes, int64_t blocks,
-                    f16v* sums, const char* pf, int64_t pf_every) {
-  constexpr int kHalves = L == kOff6 ? 2 : 1;
-  __m256 out[P][2];
-  for (int p = 0; p < P; ++p) out[p][0] = out[p][1] = _mm256_setzero_ps();
-  Trickle trickle{pf, pf_every};
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = panels + b * block_bytes(L);
-    const int8_t* xb = x.q + b * kBlockK;
-    __m256i acc[P][2][2];
-    for (int p = 0; p < P; ++p) {
-      for (int h = 0; h < kHalves; ++h) acc[p][h][0] = acc[p][h][1] = _mm256_setzero_si256();
-    }
-#pragma GCC unroll 8
-    for (int64_t g = 0; g < kBlockK / kGroupK; ++g) {
-      trickle.step();
-      int32_t four;
-      std::memcpy(&four, xb + g * kGroupK, sizeof(four));
-      const __m256i xv = _mm256_set1_epi32(four);
-      const int h = kHalves == 2 && g >= 4 ? 1 : 0;
-      for (int p = 0; p < P; ++p) {
-        __m256i first, second;
-        group_bytes<L>(block + p * panel_bytes + scale_bytes(L), g, first, second);
-        acc[p][h][0] = dot4(acc[p][h][0], first, xv);
-        acc[p][h][1] = dot4(acc[p][h][1], second, xv);
-      }
-    }
-    fold_block<L, P>(block, panel_bytes, acc, x.dx[b], &x.sums[2 * b], out);
-  }
-  for (int p = 0; p < P; ++p) {
-    alignas(64) float row[kNR];
-    _mm256_store_ps(row, out[p][0]);
-    _mm256_store_ps(row + 8, out[p][1]);
-    std::memcpy(&sums[p], row, sizeof(row));
-  }
-}
-
 // acc's int32 sums of one row's (half) block scaled into out (16 floats): the block's float32
 // scales `scale` (Off6: of half h), dx and the row's sums of q8
 template <Layout L>
@@ -190,7 +140,7 @@ inline void fold_row(const __m256i (&acc)[2], const float* scale, int h, float d
     const __m256 o = _mm256_loadu_ps(out + 8 * j);
     const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(scale + h * kNR + 8 * j), _mm256_set1_ps(dx));
     __m256 r;
-    if constexpr (L == kMin4) {
+    if constexpr (has_min(L)) {
       const __m256 m = _mm256_loadu_ps(scale + kNR + 8 * j);
       const float s = dx * static_cast<float>(xsum[0] + xsum[1]);
       r = _mm256_fmadd_ps(m, _mm256_set1_ps(s),
@@ -204,54 +154,80 @@ inline void fold_row(const __m256i (&acc)[2], const float* scale, int h, float d
   }
 }
 
-// MR rows (from row i0 of x) times one panel -> their 16 columns' float32 sums; each group of
-// quants is widened to bytes once for the MR rows
-template <Layout L, int MR>
-inline void dot_rows(const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panel,
-                     int64_t blocks, f16v* sums) {
-  constexpr int kHalves = L == kOff6 ? 2 : 1, kGroups = kBlockK / kGroupK / kHalves;
-  alignas(64) float out[MR][kNR] = {};
+// MR rows (from row i0 of x) times P panels (`panel_bytes` apart) -> sums[r * P + p], their 16
+// columns' float32 sums; each group of quants is widened to bytes once for the MR rows; the next
+// unit's lines are prefetched meanwhile
+template <Layout L, int MR, int P>
+inline void dot_tile(const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panels,
+                     int64_t panel_bytes, int64_t blocks, f16v* sums, const char* pf,
+                     int64_t pf_every) {
+  constexpr int64_t kHalves = L == kOff6 ? 2 : 1, kGroups = kBlockK / kGroupK / kHalves;
+  constexpr int64_t kSpan = std::min(span<L>(), kGroups);
+  alignas(64) float out[MR * P][kNR] = {};
   Q8Row rows[MR];
   for (int r = 0; r < MR; ++r) rows[r] = row_of(x, i0 + r, k);
+  Trickle trickle{pf, pf_every};
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = panel + b * block_bytes(L);
+    const uint8_t* block = block_at<L>(panels, b);  // of panel 0; panel p's panel_bytes on
+    alignas(32) float scales[P][2][kNR];
+    for (int p = 0; p < P; ++p) block_scales<L>(panels + p * panel_bytes, b, scales[p]);
     for (int h = 0; h < kHalves; ++h) {
-      __m256i acc[MR][2];
-      for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      __m256i acc[MR * P][2];
+      for (int64_t s = 0; s < kGroups; s += kSpan) {
+        __m256i part[MR * P][2];
+        for (int t = 0; t < MR * P; ++t) part[t][0] = part[t][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-      for (int64_t g = h * kGroups; g < (h + 1) * kGroups; ++g) {
-        __m256i first, second;
-        group_bytes<L>(block + scale_bytes(L), g, first, second);
-        for (int r = 0; r < MR; ++r) {
-          int32_t four;
-          std::memcpy(&four, rows[r].q + b * kBlockK + g * kGroupK, sizeof(four));
-          const __m256i xv = _mm256_set1_epi32(four);
-          acc[r][0] = dot4(acc[r][0], first, xv);
-          acc[r][1] = dot4(acc[r][1], second, xv);
+        for (int64_t g = h * kGroups + s; g < h * kGroups + s + kSpan; ++g) {
+          trickle.step();
+          __m256i xv[MR];
+          for (int r = 0; r < MR; ++r) {
+            int32_t four;
+            std::memcpy(&four, rows[r].q + b * kBlockK + g * kGroupK, sizeof(four));
+            xv[r] = _mm256_set1_epi32(four);
+          }
+          for (int p = 0; p < P; ++p) {
+            __m256i first, second;
+            group_bytes<L>(block + p * panel_bytes + scale_bytes(L), g, first, second);
+            for (int r = 0; r < MR; ++r) {
+              part[r * P + p][0] = products(part[r * P + p][0], first, xv[r]);
+              part[r * P + p][1] = products(part[r * P + p][1], second, xv[r]);
+            }
+          }
+        }
+        for (int t = 0; t < MR * P; ++t) {
+          for (int j = 0; j < 2; ++j) {
+            acc[t][j] = s == 0 ? widened(part[t][j])
+                               : _mm256_add_epi32(acc[t][j], widened(part[t][j]));
+          }
         }
       }
-      for (int r = 0; r < MR; ++r) {
-        fold_row<L>(acc[r], reinterpret_cast<const float*>(block), h, rows[r].dx[b],
-                    rows[r].sums + 2 * b, out[r]);
+      for (int t = 0; t < MR * P; ++t) {
+        const Q8Row& row = rows[t / P];
+        fold_row<L>(acc[t], &scales[t % P][0][0], h, row.dx[b], row.sums + 2 * b, out[t]);
       }
     }
   }
-  for (int r = 0; r < MR; ++r) std::memcpy(&sums[r], out[r], sizeof(out[r]));
+  for (int t = 0; t < MR * P; ++t) std::memcpy(&sums[t], out[t], sizeof(out[t]));
 }
 
+// `rows` (<= MR) rows times one panel
 template <Layout L, int MR>
-void dot_rows_n(int rows, const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panel,
-                int64_t blocks, f16v* sums) {
-  if (rows == MR) return dot_rows<L, MR>(x, i0, k, panel, blocks, sums);
-  if constexpr (MR > 1) dot_rows_n<L, MR - 1>(rows, x, i0, k, panel, blocks, sums);
+void dot_rows(int rows, const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panel,
+              int64_t blocks, f16v* sums, const char* pf, int64_t pf_every) {
+  if (rows == MR) return dot_tile<L, MR, 1>(x, i0, k, panel, 0, blocks, sums, pf, pf_every);
+  if constexpr (MR > 1) dot_rows<L, MR - 1>(rows, x, i0, k, panel, blocks, sums, pf, pf_every);
 }
 
+// row i0 times `count` (<= P) panels
 template <Layout L, int P>
-void dot_row_panels(int count, const Q8Row& x, const uint8_t* panels, int64_t panel_bytes,
-                    int64_t blocks, f16v* sums, const char* pf, int64_t pf_every) {
-  if (count == P) return dot_row<L, P>(x, panels, panel_bytes, blocks, sums, pf, pf_every);
+void dot_panels(int count, const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panels,
+                int64_t panel_bytes, int64_t blocks, f16v* sums, const char* pf,
+                int64_t pf_every) {
+  if (count == P) {
+    return dot_tile<L, 1, P>(x, i0, k, panels, panel_bytes, blocks, sums, pf, pf_every);
+  }
   if constexpr (P > 1) {
-    dot_row_panels<L, P - 1>(count, x, panels, panel_bytes, blocks, sums, pf, pf_every);
+    dot_panels<L, P - 1>(count, x, i0, k, panels, panel_bytes, blocks, sums, pf, pf_every);
   }
 }
 #endif
