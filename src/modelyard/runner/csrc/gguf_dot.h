@@ -118,16 +118,17 @@ inline void group_bytes(const uint8_t* q, int64_t g, __m256i& first, __m256i& se
   const __m256i low4 = _mm256_set1_epi8(15);
   first = _mm256_and_si256(raw, low4);
   second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  if constexpr (L == kOff6) {  // lane 0 from bits 0-1 (4-5), lane 1 from bits 2-3 (6-7)
+  if constexpr (L == kOff6) {  // bits 4-5 of each byte from bits 0-1 (4-5) in lane 0, 2-3
+    // (6-7) in lane 1: a dword shift keeps a byte's own bits there
     const __m256i two = _mm256_broadcastsi128_si256(_mm_loadu_si128(
         reinterpret_cast<const __m128i*>(q + kBlockK * 8 + g * kHighGroupBytes)));
-    const __m256i low2 = _mm256_set1_epi8(3);
-    const __m256i h0 = _mm256_and_si256(
-        _mm256_srlv_epi32(two, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), low2);
-    const __m256i h1 = _mm256_and_si256(
-        _mm256_srlv_epi32(two, _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)), low2);
-    first = _mm256_or_si256(first, _mm256_slli_epi16(h0, 4));
-    second = _mm256_or_si256(second, _mm256_slli_epi16(h1, 4));
+    const __m256i bits45 = _mm256_set1_epi8(0x30);
+    const __m256i h0 =
+        _mm256_and_si256(_mm256_sllv_epi32(two, _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2)), bits45);
+    const __m256i h1 =
+        _mm256_and_si256(_mm256_srlv_epi32(two, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), bits45);
+    first = _mm256_or_si256(first, h0);
+    second = _mm256_or_si256(second, h1);
   }
 }
 
