@@ -90,9 +90,14 @@ def _gguf(d: dict[str, Any]) -> str:
         return statistics.median(r[server][field] for r in runs)
 
     gb = d["gguf"]["bytes"] / 1e9
+    c = d["args"]["concurrency"]
+    served = "one request at a time" if c == 1 else f"at c={c} against `llama-server -np {c}`"
     return (
-        f"a {gb:.2f} GB Q4_K_M GGUF of Llama-3.2-1B's shape served one request at a time: ITL "
-        f"p50 {median('modelyard', 'itl_p50_ms'):.1f} ms against llama.cpp's "
+        f"a {gb:.2f} GB Q4_K_M GGUF of Llama-3.2-1B's shape served {served}: output "
+        f"{median('modelyard', 'output_tok_s'):.1f} against "
+        f"{median('llamacpp', 'output_tok_s'):.1f} tok/s "
+        f"({d['ratios_median']['output_tok_s']:g}×), "
+        f"ITL p50 {median('modelyard', 'itl_p50_ms'):.1f} ms against "
         f"{median('llamacpp', 'itl_p50_ms'):.1f} ms ({d['ratios_median']['itl_p50']:g}×), TTFT "
         f"p50 {median('modelyard', 'ttft_p50_ms'):.0f} against "
         f"{median('llamacpp', 'ttft_p50_ms'):.0f} ms; peak RSS of the tree "
@@ -121,6 +126,12 @@ ENTRIES: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
         "GGUF against llama.cpp",
         "gguf_serving.py",
         "avx2/gguf_serving_llama-1b-q4km_c1.json",
+        _gguf,
+    ),
+    (
+        "GGUF against llama.cpp",
+        "gguf_serving.py",
+        "avx2/gguf_serving_llama-1b-q4km_c32.json",
         _gguf,
     ),
 ]

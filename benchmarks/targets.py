@@ -69,6 +69,15 @@ TARGETS = {
         Target(
             "gguf_ttft_c1", "c=1 TTFT p50 on a 1B Q4_K_M GGUF, modelyard / llama.cpp", 1.0, False
         ),
+        Target(
+            "gguf_tok_s_c32", "c=32 tok/s on a 1B Q4_K_M GGUF, modelyard / llama-server", 1.5, True
+        ),
+        Target(
+            "gguf_ttft_c32",
+            "c=32 TTFT p50 on a 1B Q4_K_M GGUF, modelyard / llama-server",
+            1.0,
+            False,
+        ),
     ]
 }
 
@@ -118,9 +127,14 @@ def _structured_serving(data: dict[str, Any]) -> Iterator[tuple[str, float | Non
 
 
 def _gguf_serving(data: dict[str, Any]) -> Iterator[tuple[str, float | None]]:
-    if data["args"]["concurrency"] == 1 and "q4km" in Path(data["gguf"]["path"]).stem:
+    if "q4km" not in Path(data["gguf"]["path"]).stem:
+        return
+    if data["args"]["concurrency"] == 1:
         yield "gguf_itl_c1", data["ratios_median"]["itl_p50"]
         yield "gguf_ttft_c1", data["ratios_median"]["ttft_p50"]
+    elif data["args"]["concurrency"] == 32:
+        yield "gguf_tok_s_c32", data["ratios_median"]["output_tok_s"]
+        yield "gguf_ttft_c32", data["ratios_median"]["ttft_p50"]
 
 
 READERS: dict[str, Callable[[dict[str, Any]], Iterator[tuple[str, float | None]]]] = {

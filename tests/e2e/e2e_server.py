@@ -61,10 +61,14 @@ def free_port() -> int:
 
 
 def start_server(
-    tmp: Path, *extra: str, config: str | None = None, catalog_yaml: str = CATALOG
+    tmp: Path,
+    *extra: str,
+    config: str | None = None,
+    catalog_yaml: str = CATALOG,
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """Start `modelyard serve` on a free port with the e2e catalog (or `catalog_yaml`) and wait
-    for /ready."""
+    for /ready; `env` adds to the environment."""
     catalog = tmp / "catalog.yaml"
     catalog.write_text(catalog_yaml)
     port = free_port()
@@ -75,9 +79,9 @@ def start_server(
         config_path.write_text(config)
         args += ["--config", str(config_path)]
     log_path = tmp / f"server-{port}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     with log_path.open("wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=environment)
     server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:

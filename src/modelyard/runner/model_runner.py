@@ -124,7 +124,11 @@ class ModelRunner:
                 gguf = _gguf_source(self.resolved, model_config.gguf_blocks, kernels, lora)
                 source = weight_source(self.resolved, use_blocks=gguf is not None)
                 if gguf is not None:
-                    log.info("linear layers on the quantized blocks of %s", gguf.name)
+                    log.info(
+                        "linear layers on the quantized blocks of %s (products: %s)",
+                        gguf.name,
+                        "int8 activations" if kernels.gguf_dot == "q8" else "float32",
+                    )
                 self._native = DecoderModel(
                     source,
                     self.resolved.architecture,

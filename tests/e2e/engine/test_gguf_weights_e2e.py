@@ -1,7 +1,9 @@
-"""GGUF blocks through HTTP: the session's server (`gguf_blocks: auto`, on with the kernels)
-keeps the packaged GGUF file's Q4_1 / Q8_0 blocks and answers greedy chat requests (plain and
-streamed) with the same text as a server whose catalog says `gguf_blocks: off`, which serves the
-same model dequantized to float32."""
+"""GGUF blocks through HTTP: a server with the default catalog (`gguf_blocks: auto`, on with the
+kernels) keeps the packaged GGUF file's Q4_1 / Q8_0 blocks and, with float32 products
+(MODELYARD_GGUF_DOT=float), answers greedy chat requests (plain and streamed) with the same text
+as a server whose catalog says `gguf_blocks: off`, which serves the same model dequantized to
+float32. The session's server (int8 activations, the default) answers plain and streamed alike,
+and right."""
 
 from __future__ import annotations
 
@@ -20,6 +22,16 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about rain."]
 def gguf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("gguf-e2e")
     running = start_server(tmp, catalog_yaml=CATALOG + "      gguf_blocks: off\n")
+    try:
+        yield running
+    finally:
+        stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def float_dot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("gguf-float-dot")
+    running = start_server(tmp, env={"MODELYARD_GGUF_DOT": "float"})
     try:
         yield running
     finally:
@@ -50,10 +62,10 @@ def answer(server: ServerProcess, question: str, stream: bool) -> str:
 
 
 def test_gguf_blocks_answer_as_the_float32_model(
-    server: ServerProcess, gguf_server: ServerProcess
+    float_dot_server: ServerProcess, gguf_server: ServerProcess
 ) -> None:
-    float_server, blocks_server = gguf_server, server  # the module's server: gguf_blocks off
-    assert "linear layers on the quantized blocks of" in blocks_server.log()
+    float_server, blocks_server = gguf_server, float_dot_server  # the first: gguf_blocks off
+    assert "(products: float32)" in blocks_server.log()
     assert "linear layers on the quantized blocks of" not in float_server.log()
     for question in QUESTIONS:
         want = answer(float_server, question, stream=False)
@@ -61,3 +73,12 @@ def test_gguf_blocks_answer_as_the_float32_model(
         assert answer(blocks_server, question, stream=False) == want
         assert answer(blocks_server, question, stream=True) == want
     assert "Paris" in answer(blocks_server, QUESTIONS[0], stream=False)
+
+
+def test_int8_activations_answer_alike_plain_and_streamed(server: ServerProcess) -> None:
+    assert "(products: int8 activations)" in server.log()
+    for question in QUESTIONS:
+        plain = answer(server, question, stream=False)
+        assert plain
+        assert answer(server, question, stream=True) == plain
+    assert "Paris" in answer(server, QUESTIONS[0], stream=False)

@@ -55,7 +55,9 @@ constexpr int64_t kWideMR = kMR == 4 ? 6 : kMR;
 constexpr int64_t kRowPanels = 4;
 // rows a panel's bytes are multiplied with at once (gguf_dot.h), and panels one row is (their
 // sums take 8 of AVX2's 16 registers; Q6_K's need twice the registers)
-constexpr int64_t kDotMR = 4;
+template <Layout K>
+constexpr int64_t kDotMR = K == kOff6 ? 2 : 4;
+constexpr int64_t kDotRowBlock = 32;
 template <Layout K>
 constexpr int64_t kDotPanels = K == kOff6 ? 2 : 4;
 
@@ -121,21 +123,6 @@ void one_row_panels(int count, const float* x, const uint8_t* panels, int64_t pa
   if (count == P) return one_row<K, P>(x, panels, panel_bytes, blocks, sums, pf, pf_every);
   if constexpr (P > 1) {
     one_row_panels<K, P - 1>(count, x, panels, panel_bytes, blocks, sums, pf, pf_every);
-  }
-}
-
-// one panel widened once into w (k_len x 16 floats, k-major), for many row blocks
-template <Layout K>
-void widen_panel(const uint8_t* panel, int64_t blocks, float* w) {
-  for (int64_t b = 0; b < blocks; ++b) {
-    const Scales<K> scales(panel, b);
-    const uint8_t* q = block_at<K>(panel, b) + scale_bytes(K);
-    for (int64_t k = 0; k < kBlockK; ++k) {
-      part row[kParts];
-      weights<K>(q, k, scales, row);
-      float* out = w + (b * kBlockK + k) * kNR;
-      for (int j = 0; j < kParts; ++j) *reinterpret_cast<part*>(out + j * kPartCols) = row[j];
-    }
   }
 }
 
@@ -231,6 +218,31 @@ void one_row_unit(const float* x, const Q8Rows* xq, const uint8_t* panels, int64
   }
 }
 
+// y's columns of a unit's output panels q0..q1 for the m rows of xq by dot products, kDotMR rows
+// a call; blocks of kDotRowBlock rows outermost, so that a block's bytes stay in cache across the
+// unit's panels; `next` (the next unit's bytes, `share` lines an output panel, a line every
+// `every` k) prefetched with the first block
+template <Layout K, bool SWIGLU, typename T>
+void dot_unit(const Q8Rows& xq, int64_t m, int64_t k, const uint8_t* wp, int64_t q0, int64_t q1,
+              int64_t panel_bytes, const char* next, int64_t share, int64_t every,
+              const float* bias, T* yp, int64_t n) {
+  constexpr int per = SWIGLU ? 2 : 1;
+  const int64_t blocks = k / kBlockK, pf_every = std::max<int64_t>(1, every / kGroupK);
+  for (int64_t i0 = 0; i0 < m; i0 += kDotRowBlock) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const uint8_t* panel = wp + q * per * panel_bytes;
+      const char* pf = next != nullptr && i0 == 0 ? next + (q - q0) * share * 64 : nullptr;
+      const auto rows_of = [&](int h, int64_t i, int rows, f16v* sums) {
+        const char* lines = pf != nullptr && i == 0 ? pf + h * (share / per) * 64 : nullptr;
+        dot_rows<K, kDotMR<K>>(rows, xq, i0 + i, k, panel + h * panel_bytes, blocks, sums,
+                               lines, pf_every);
+      };
+      output_rows<SWIGLU, kDotMR<K>>(std::min(kDotRowBlock, m - i0), yp + i0 * n, n, q * kNR,
+                                     bias, rows_of);
+    }
+  }
+}
+
 // y (M, n) = x W^T (+ bias); with SWIGLU the panels come in (gate, up) pairs and y is
 // silu(x Wg^T) * (x Wu^T). Up to kMR rows widen each panel's quants in registers as they
 // stream in; more rows widen a panel once into a per-thread buffer and run from there.
@@ -253,18 +265,9 @@ void gemm(const float* xp, const Q8Rows* xq, int64_t m, int64_t k, const uint8_t
                                      panel_bytes, blocks, next, yp, n, q0 * kNR, bias);
     }
     if constexpr (has_dot<K>()) {
-      if (xq != nullptr) {  // kDotMR rows at a time by dot products
-        for (int64_t q = q0; q < q1; ++q) {
-          const uint8_t* panel = wp + q * per * panel_bytes;
-          const char* pf = next != nullptr ? next + (q - q0) * share * 64 : nullptr;
-          output_rows<SWIGLU, kDotMR>(
-              m, yp, n, q * kNR, bias, [&](int h, int64_t i, int rows, f16v* sums) {
-                const char* lines = pf != nullptr && i == 0 ? pf + h * (share / per) * 64 : nullptr;
-                dot_rows<K, kDotMR>(rows, *xq, i, k, panel + h * panel_bytes, blocks, sums,
-                                      lines, std::max<int64_t>(1, every / kGroupK));
-              });
-        }
-        return;
+      if (xq != nullptr) {
+        return dot_unit<K, SWIGLU>(*xq, m, k, wp, q0, q1, panel_bytes, next, share, every, bias,
+                                   yp, n);
       }
     }
     if (m > kWideAbove) wide.resize(static_cast<size_t>(per * k * kNR));
@@ -289,21 +292,6 @@ void gemm(const float* xp, const Q8Rows* xq, int64_t m, int64_t k, const uint8_t
       });
     }
   });
-}
-
-// f(std::integral_constant<Layout, L>{}) for the layout L of `kind`: each layout's code is
-// compiled once, whatever file types share it
-template <typename F>
-void with_layout(Layout layout, const F& f) {
-  switch (layout) {
-    case kMin4: return f(std::integral_constant<Layout, kMin4>{});
-    case kInt8: return f(std::integral_constant<Layout, kInt8>{});
-    case kOff4: return f(std::integral_constant<Layout, kOff4>{});
-    case kMin5: return f(std::integral_constant<Layout, kMin5>{});
-    case kOff5: return f(std::integral_constant<Layout, kOff5>{});
-    case kOff6: return f(std::integral_constant<Layout, kOff6>{});
-    case kMin4K: return f(std::integral_constant<Layout, kMin4K>{});
-  }
 }
 
 // the packed weight's layout, checked against its shape (panels, units, unit bytes); `per`

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "panels.h"
 
@@ -244,6 +245,36 @@ inline void weights(const uint8_t* q, int64_t k, const Scales<L>& s, part* w) {
       w[j] = quants<L>(q, k, j) * (k < kBlockK / 2 ? s.d[j] : s.m[j]);
     } else {
       w[j] = quants<L>(q, k, j) * s.d[j];
+    }
+  }
+}
+
+// f(std::integral_constant<Layout, L>{}) for the layout L of `kind`: each layout's code is
+// compiled once, whatever file types share it
+template <typename F>
+void with_layout(Layout layout, const F& f) {
+  switch (layout) {
+    case kMin4: return f(std::integral_constant<Layout, kMin4>{});
+    case kInt8: return f(std::integral_constant<Layout, kInt8>{});
+    case kOff4: return f(std::integral_constant<Layout, kOff4>{});
+    case kMin5: return f(std::integral_constant<Layout, kMin5>{});
+    case kOff5: return f(std::integral_constant<Layout, kOff5>{});
+    case kOff6: return f(std::integral_constant<Layout, kOff6>{});
+    case kMin4K: return f(std::integral_constant<Layout, kMin4K>{});
+  }
+}
+
+// one panel widened once into w (k_len x 16 floats, k-major), for many row blocks
+template <Layout K>
+void widen_panel(const uint8_t* panel, int64_t blocks, float* w) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Scales<K> scales(panel, b);
+    const uint8_t* q = block_at<K>(panel, b) + scale_bytes(K);
+    for (int64_t k = 0; k < kBlockK; ++k) {
+      part row[kParts];
+      weights<K>(q, k, scales, row);
+      float* out = w + (b * kBlockK + k) * kNR;
+      for (int j = 0; j < kParts; ++j) *reinterpret_cast<part*>(out + j * kPartCols) = row[j];
     }
   }
 }
