@@ -85,6 +85,9 @@ def server_command(
             threads,
         ]
         cmd += ["-np", str(args.concurrency), "-cb", "-c", str(ctx), "--port", str(port)]
+        # an HTTP thread for every streaming connection (the default is one per core: the
+        # rest wait, and time out, behind them)
+        cmd += ["--threads-http", str(args.concurrency + 4)]
         return [*cmd, "--host", "127.0.0.1"], peer_env(sys.executable)
     cmd = [args.llamacpp_python, "-m", "llama_cpp.server", "--model", str(args.gguf)]
     cmd += ["--model_alias", NAME, "--n_threads", threads, "--n_ctx", str(ctx)]

@@ -146,7 +146,7 @@ def test_int8_activations_keep_the_perplexity(
 ) -> None:
     logits, target = text_logits
     ref, got = logits["float32"], logits["gguf-q8"]
-    assert isinstance(got, torch.Tensor) and not torch.equal(got, logits["gguf"])  # in use
+    assert not torch.equal(got, logits["gguf"])  # the int8 products are in use
     ppl, ppl_ref = perplexity(got, target), perplexity(ref, target)
     agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
     print(f"q8 perplexity {ppl:.4f} against {ppl_ref:.4f}, argmax agreement {agree:.4f}")

@@ -4,23 +4,21 @@
 // Q6_K (per 16 weights w = (d sc) (q - 32)).
 //
 // One request decoding streams every weight once per step. The blocks are repacked once at load
-// into the float32 GEMM's panels (16 output columns) per 32-k block, in one of six layouts
-// (gguf_blocks.h): the 16 columns' float32 scales (a K-quant's d sc, exact), then per k their
-// quants as nibbles plus planes of high bits (Q8_0: bytes): 5 bits a weight for Q4_0, 6 for
-// Q4_1 / Q4_K, 7 for Q5_*, 8 for Q6_K, 9 for Q8_0, against float32's 32. Each k row is widened
-// in registers to 16 floats (one AVX-512 register or two AVX2 ones: panels.h's parts) by the
-// float32 operations of gguf's own numpy dequantization, so the weights are bit for bit the
-// GGUF's float32 ones; each output is then summed over k in order in float32 (its own order, not
-// F.linear's). Work is split by units of panels claimed by the threads in turn (claim.h); the next
-// unit's bytes are prefetched while one is computed. One row runs through four panels at once,
-// up to kMR rows share each widened row of weights, and more rows widen each panel once into a
-// buffer.
+// into panels of 16 output columns (gguf_blocks.h: 4.75 bits a weight for Q4_K, 5 for Q4_0, 6.6
+// for Q6_K, 9 for Q8_0, against float32's 32). Two products:
+// - int8 activations (gguf_dot.h; Q4_0, Q4_1, Q4_K, Q6_K with MODELYARD_GGUF_DOT=q8): each row
+//   rounded to int8 per 32 k, bytes times bytes into int32, scaled per block in float32;
+// - float32 (the other kinds, or MODELYARD_GGUF_DOT=float): each k row widened in registers to
+//   16 floats by the float32 operations of gguf's numpy dequantization (the GGUF's weights bit
+//   for bit), each output summed over k in order. Up to kMR rows share each widened row; more
+//   rows widen each panel once into a buffer.
+// Work is split by units of panels claimed by the threads in turn (claim.h); the next unit's
+// bytes are prefetched while one is computed.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "claim.h"
@@ -228,17 +226,24 @@ void dot_unit(const Q8Rows& xq, int64_t m, int64_t k, const uint8_t* wp, int64_t
               const float* bias, T* yp, int64_t n) {
   constexpr int per = SWIGLU ? 2 : 1;
   const int64_t blocks = k / kBlockK, pf_every = std::max<int64_t>(1, every / kGroupK);
+  thread_local std::vector<uint8_t> placed;
   for (int64_t i0 = 0; i0 < m; i0 += kDotRowBlock) {
+    const int64_t rows_here = std::min(kDotRowBlock, m - i0);
+    const bool bytes = K == kOff6 && rows_here > kDotMR<K>;  // placing its bytes costs most
+    if (bytes) placed.resize(static_cast<size_t>(per * blocks * kBlockK * kNR));
     for (int64_t q = q0; q < q1; ++q) {
       const uint8_t* panel = wp + q * per * panel_bytes;
+      for (int h = 0; bytes && h < per; ++h) {
+        byte_panel<K>(panel + h * panel_bytes, blocks, &placed[h * blocks * kBlockK * kNR]);
+      }
       const char* pf = next != nullptr && i0 == 0 ? next + (q - q0) * share * 64 : nullptr;
       const auto rows_of = [&](int h, int64_t i, int rows, f16v* sums) {
         const char* lines = pf != nullptr && i == 0 ? pf + h * (share / per) * 64 : nullptr;
+        const uint8_t* own = bytes ? &placed[h * blocks * kBlockK * kNR] : nullptr;
         dot_rows<K, kDotMR<K>>(rows, xq, i0 + i, k, panel + h * panel_bytes, blocks, sums,
-                               lines, pf_every);
+                               lines, pf_every, own);
       };
-      output_rows<SWIGLU, kDotMR<K>>(std::min(kDotRowBlock, m - i0), yp + i0 * n, n, q * kNR,
-                                     bias, rows_of);
+      output_rows<SWIGLU, kDotMR<K>>(rows_here, yp + i0 * n, n, q * kNR, bias, rows_of);
     }
   }
 }

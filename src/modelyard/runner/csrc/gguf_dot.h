@@ -161,7 +161,7 @@ inline void fold_row(const __m256i (&acc)[2], const float* scale, int h, float d
 template <Layout L, int MR, int P>
 inline void dot_tile(const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panels,
                      int64_t panel_bytes, int64_t blocks, f16v* sums, const char* pf,
-                     int64_t pf_every) {
+                     int64_t pf_every, const uint8_t* placed = nullptr) {
   constexpr int64_t kHalves = L == kOff6 ? 2 : 1, kGroups = kBlockK / kGroupK / kHalves;
   constexpr int64_t kSpan = std::min(span<L>(), kGroups);
   alignas(64) float out[MR * P][kNR] = {};
@@ -188,7 +188,13 @@ inline void dot_tile(const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* pane
           }
           for (int p = 0; p < P; ++p) {
             __m256i first, second;
-            group_bytes<L>(block + p * panel_bytes + scale_bytes(L), g, first, second);
+            if (placed != nullptr) {  // one panel's bytes (byte_panel)
+              const uint8_t* at = placed + (b * kGroups * kHalves + g) * 2 * kGroupBytes;
+              first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+              second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + kGroupBytes));
+            } else {
+              group_bytes<L>(block + p * panel_bytes + scale_bytes(L), g, first, second);
+            }
             for (int r = 0; r < MR; ++r) {
               part[r * P + p][0] = products(part[r * P + p][0], first, xv[r]);
               part[r * P + p][1] = products(part[r * P + p][1], second, xv[r]);
@@ -211,12 +217,33 @@ inline void dot_tile(const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* pane
   for (int t = 0; t < MR * P; ++t) std::memcpy(&sums[t], out[t], sizeof(out[t]));
 }
 
-// `rows` (<= MR) rows times one panel
+// `rows` (<= MR) rows times one panel (its bytes from `placed` where given: byte_panel)
 template <Layout L, int MR>
 void dot_rows(int rows, const Q8Rows& x, int64_t i0, int64_t k, const uint8_t* panel,
-              int64_t blocks, f16v* sums, const char* pf, int64_t pf_every) {
-  if (rows == MR) return dot_tile<L, MR, 1>(x, i0, k, panel, 0, blocks, sums, pf, pf_every);
-  if constexpr (MR > 1) dot_rows<L, MR - 1>(rows, x, i0, k, panel, blocks, sums, pf, pf_every);
+              int64_t blocks, f16v* sums, const char* pf, int64_t pf_every,
+              const uint8_t* placed) {
+  if (rows == MR) {
+    return dot_tile<L, MR, 1>(x, i0, k, panel, 0, blocks, sums, pf, pf_every, placed);
+  }
+  if constexpr (MR > 1) {
+    dot_rows<L, MR - 1>(rows, x, i0, k, panel, blocks, sums, pf, pf_every, placed);
+  }
+}
+
+// one panel's quants as group_bytes gives them (per block and group 2 x 32 bytes) into out: where
+// placing the bytes costs more than multiplying them (Q6_K), once for a block of rows
+template <Layout L>
+void byte_panel(const uint8_t* panel, int64_t blocks, uint8_t* out) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* q = block_at<L>(panel, b) + scale_bytes(L);
+    for (int64_t g = 0; g < kBlockK / kGroupK; ++g) {
+      __m256i first, second;
+      group_bytes<L>(q, g, first, second);
+      uint8_t* at = out + (b * (kBlockK / kGroupK) + g) * 2 * kGroupBytes;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), first);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + kGroupBytes), second);
+    }
+  }
 }
 
 // row i0 times `count` (<= P) panels
