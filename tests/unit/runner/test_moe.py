@@ -7,6 +7,7 @@ and each expert run at most once per call."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -208,9 +209,9 @@ def test_gguf_blocks_give_their_float_conversion(
     built: list[int] = []
 
     class Spy(GGUFSwiGLU):
-        def __init__(self, gate: Blocks, up: Blocks) -> None:
+        def __init__(self, gate: Blocks, up: Blocks, dot: int) -> None:
             built.append(gate.n)
-            super().__init__(gate, up)
+            super().__init__(gate, up, dot)
 
     monkeypatch.setattr(moe, "GGUFSwiGLU", Spy)
     model = tiny["qwen2"]
@@ -221,7 +222,7 @@ def test_gguf_blocks_give_their_float_conversion(
             model.model.config,
             dtype=torch.float32,
             pack=True,
-            kernel_config=KERNELS,
+            kernel_config=dataclasses.replace(KERNELS, gguf_dot="float"),  # float32 products
         )
         for use_blocks in (True, False)
     ]
