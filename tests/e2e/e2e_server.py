@@ -79,7 +79,10 @@ def start_server(
         config_path.write_text(config)
         args += ["--config", str(config_path)]
     log_path = tmp / f"server-{port}.log"
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # float32 products on GGUF blocks unless asked: the API tests' expected texts come from the
+    # model's own arithmetic (int8 activations: tests/e2e/engine/test_gguf_weights_e2e.py)
+    environment = {"MODELYARD_GGUF_DOT": "float", **os.environ, **(env or {})}
+    environment.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=environment)
     server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path)

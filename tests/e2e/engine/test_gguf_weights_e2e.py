@@ -1,9 +1,9 @@
-"""GGUF blocks through HTTP: a server with the default catalog (`gguf_blocks: auto`, on with the
-kernels) keeps the packaged GGUF file's Q4_1 / Q8_0 blocks and, with float32 products
-(MODELYARD_GGUF_DOT=float), answers greedy chat requests (plain and streamed) with the same text
-as a server whose catalog says `gguf_blocks: off`, which serves the same model dequantized to
-float32. The session's server (int8 activations, the default) answers plain and streamed alike,
-and right."""
+"""GGUF blocks through HTTP: the session's server (`gguf_blocks: auto`, on with the kernels;
+float32 products, as e2e_server starts every server unless asked) keeps the packaged GGUF file's
+Q4_1 / Q8_0 blocks and answers greedy chat requests (plain and streamed) with the same text as a
+server whose catalog says `gguf_blocks: off`, which serves the same model dequantized to float32.
+A server with int8 activations (MODELYARD_GGUF_DOT=q8, the product default) answers plain and
+streamed alike, and right."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def gguf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 
 @pytest.fixture(scope="module")
-def float_dot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("gguf-float-dot")
-    running = start_server(tmp, env={"MODELYARD_GGUF_DOT": "float"})
+def q8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("gguf-q8")
+    running = start_server(tmp, env={"MODELYARD_GGUF_DOT": "q8"})
     try:
         yield running
     finally:
@@ -62,9 +62,9 @@ def answer(server: ServerProcess, question: str, stream: bool) -> str:
 
 
 def test_gguf_blocks_answer_as_the_float32_model(
-    float_dot_server: ServerProcess, gguf_server: ServerProcess
+    server: ServerProcess, gguf_server: ServerProcess
 ) -> None:
-    float_server, blocks_server = gguf_server, float_dot_server  # the first: gguf_blocks off
+    float_server, blocks_server = gguf_server, server  # the first: gguf_blocks off
     assert "(products: float32)" in blocks_server.log()
     assert "linear layers on the quantized blocks of" not in float_server.log()
     for question in QUESTIONS:
@@ -75,10 +75,10 @@ def test_gguf_blocks_answer_as_the_float32_model(
     assert "Paris" in answer(blocks_server, QUESTIONS[0], stream=False)
 
 
-def test_int8_activations_answer_alike_plain_and_streamed(server: ServerProcess) -> None:
-    assert "(products: int8 activations)" in server.log()
+def test_int8_activations_answer_alike_plain_and_streamed(q8_server: ServerProcess) -> None:
+    assert "(products: int8 activations)" in q8_server.log()
     for question in QUESTIONS:
-        plain = answer(server, question, stream=False)
+        plain = answer(q8_server, question, stream=False)
         assert plain
-        assert answer(server, question, stream=True) == plain
-    assert "Paris" in answer(server, QUESTIONS[0], stream=False)
+        assert answer(q8_server, question, stream=True) == plain
+    assert "Paris" in answer(q8_server, QUESTIONS[0], stream=False)
