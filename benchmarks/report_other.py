@@ -128,12 +128,6 @@ ENTRIES: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
         "avx2/gguf_serving_llama-1b-q4km_c1.json",
         _gguf,
     ),
-    (
-        "GGUF against llama.cpp",
-        "gguf_serving.py",
-        "avx2/gguf_serving_llama-1b-q4km_c32.json",
-        _gguf,
-    ),
 ]
 
 HEAD = """\
